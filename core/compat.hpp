@@ -1,0 +1,86 @@
+#pragma once
+// The one place where LibTorch 1.13 (Debian, CPU) and LibTorch 2.x (CUDA wheels) differ for us.
+// Everything else in the code base calls these names only.
+#include <ATen/autocast_mode.h>
+#include <c10/core/Allocator.h>
+#include <torch/version.h>
+
+#define TRAINSCOPE_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+// c10::Allocator::allocate is const up to 2.2 and non-const (with a pure virtual copy_data) from 2.3.
+#if TRAINSCOPE_TORCH_AT_LEAST(2, 3)
+#define TRAINSCOPE_ALLOCATE_CONST
+#define TRAINSCOPE_ALLOCATOR_COPY_DATA                                              \
+  void copy_data(void* dest, const void* src, std::size_t count) const override { \
+    default_copy_data(dest, src, count);                                           \
+  }
+#else
+#define TRAINSCOPE_ALLOCATE_CONST const
+#define TRAINSCOPE_ALLOCATOR_COPY_DATA
+#endif
+
+namespace trainscope::compat {
+
+inline bool autocast_enabled(c10::DeviceType d) {
+#if TRAINSCOPE_TORCH_AT_LEAST(2, 4)
+  return at::autocast::is_autocast_enabled(d);
+#else
+  return d == c10::DeviceType::CPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+#endif
+}
+
+inline at::ScalarType autocast_dtype(c10::DeviceType d) {
+#if TRAINSCOPE_TORCH_AT_LEAST(2, 4)
+  return at::autocast::get_autocast_dtype(d);
+#else
+  return d == c10::DeviceType::CPU ? at::autocast::get_autocast_cpu_dtype()
+                                   : at::autocast::get_autocast_gpu_dtype();
+#endif
+}
+
+inline void set_autocast(c10::DeviceType d, bool enabled, at::ScalarType dtype) {
+#if TRAINSCOPE_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_dtype(d, dtype);
+  at::autocast::set_autocast_enabled(d, enabled);
+#else
+  if (d == c10::DeviceType::CPU) {
+    at::autocast::set_autocast_cpu_dtype(dtype);
+    at::autocast::set_cpu_enabled(enabled);
+  } else {
+    at::autocast::set_autocast_gpu_dtype(dtype);
+    at::autocast::set_enabled(enabled);
+  }
+#endif
+}
+
+// Autocast for one forward pass, like Python's `torch.autocast` context manager. On exit it restores
+// the previous state and, when the outermost autocast region closes, clears the cast cache: without
+// that, Debian's 1.13 keeps bf16 copies of weights across optimizer steps and the next forward uses
+// stale values.
+class AutocastGuard {
+ public:
+  AutocastGuard(c10::DeviceType device, at::ScalarType dtype, bool enabled = true)
+      : device_(device), active_(enabled) {
+    if (!active_) return;
+    prev_enabled_ = autocast_enabled(device_);
+    prev_dtype_ = autocast_dtype(device_);
+    set_autocast(device_, true, dtype);
+    at::autocast::increment_nesting();
+  }
+  ~AutocastGuard() {
+    if (!active_) return;
+    set_autocast(device_, prev_enabled_, prev_dtype_);
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  }
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  c10::DeviceType device_;
+  bool active_;
+  bool prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::kBFloat16;
+};
+
+}  // namespace trainscope::compat

@@ -1,0 +1,69 @@
+#pragma once
+// The run configuration of one cell, and the vocabulary of its keys and allowed values.
+//
+// Every key a suite file, `--set` or a report may use is declared once in config_keys(); parsing is
+// strict so that a misspelt key or value is an error naming what is allowed, never a silent default.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace trainscope {
+
+using json = nlohmann::ordered_json;
+
+enum class KeyKind { String, Choice, Int, Float, Bool };
+
+struct KeySpec {
+  std::string name;
+  KeyKind kind;
+  std::vector<std::string> choices;  // for Choice
+  json default_value;
+  std::string help;
+  double min = 0;  // lower bound for Int and Float
+};
+
+// All configuration keys, in the order reports print them.
+const std::vector<KeySpec>& config_keys();
+const KeySpec& key_spec(const std::string& name);  // UsageError on an unknown key
+
+// Checks (and for numbers, normalises) one value; UsageError names the key and the allowed values.
+json validate_value(const std::string& key, const json& value);
+// Parses the text of `--set key=value` according to the key's kind.
+json parse_value(const std::string& key, const std::string& text);
+
+struct RunConfig {
+  std::string model = "mlp";
+  std::string data = "auto";  // auto: the model's natural data (see suites/data.hpp)
+  std::string precision = "32-true";
+  std::string parallel = "single";
+  int64_t world_size = 1;
+  std::string checkpoint = "none";
+  std::string method = "supervised";
+  std::string optimizer = "adamw";
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  int64_t batch_size = 64;
+  int64_t steps = 100;
+  int64_t warmup_steps = 5;
+  int64_t seed = 0;
+  std::string device = "auto";
+  int64_t threads = 0;  // 0: one per core
+  double timeout_s = 600;
+  int64_t log_every = 0;  // 0: about 50 points on the loss curve
+  bool eval = true;
+  std::string inject = "none";  // fault injection for testing isolation: crash, abort, hang, throw
+
+  json to_json() const;
+  // Strict: unknown keys and bad values raise UsageError. Missing keys keep their defaults.
+  static RunConfig from_json(const json& j);
+};
+
+// The subset of the config that the report contract names (DESIGN.md), plus the rest.
+json config_for_report(const RunConfig& c);
+
+// Short label of an axis value inside a cell name: "bs32" for batch_size 32, "ckpt-full", ...
+std::string axis_label(const std::string& key, const json& value);
+
+}  // namespace trainscope

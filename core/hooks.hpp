@@ -1,0 +1,75 @@
+#pragma once
+// The hook interface between the training loop (suites/) and the instruments (probes/).
+//
+// The loop calls these at fixed points of every step; each probe overrides what it needs and
+// contributes one named JSON section to the cell's metrics. Suites know probes only through this.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+
+namespace trainscope {
+
+// What a probe learns about the run before the first step.
+struct RunInfo {
+  const RunConfig* config = nullptr;
+  std::string device;          // resolved: "cpu" or "cuda:0"
+  std::string model_name;
+  int64_t parameters = 0;            // trainable parameter count
+  double flops_per_sample = 0;       // analytic training FLOPs (forward + backward) per sample
+  int64_t tokens_per_sample = 0;     // 0 for non-sequence models
+  double peak_flops_per_s = 0;       // measured GEMM peak of the compute dtype; 0 when unknown
+  std::string peak_source;           // how the peak was obtained
+};
+
+struct StepInfo {
+  int64_t step = 0;         // 0-based, warm-up steps included
+  bool measured = false;    // false during warm-up
+  int64_t samples = 0;      // samples in this step (global)
+};
+
+// Model-state bytes (DESIGN.md's memory definition), measured from the live tensors.
+struct ModelStateBytes {
+  int64_t params = 0, grads = 0, optimizer = 0;
+  int64_t expected = 0;  // analytic: P*bytes(param) + P*bytes(grad) + optimizer states
+};
+
+struct RunEnd {
+  int64_t steps_run = 0;
+  ModelStateBytes model_state;
+};
+
+class Probe {
+ public:
+  virtual ~Probe() = default;
+  virtual std::string name() const = 0;  // the metrics section it fills: "timing", "memory", ...
+  virtual void run_begin(const RunInfo&) {}
+  virtual void step_begin(const StepInfo&) {}
+  virtual void forward_end(const StepInfo&) {}
+  virtual void backward_end(const StepInfo&) {}
+  virtual void optimizer_end(const StepInfo&) {}
+  virtual void step_end(const StepInfo&) {}
+  virtual void run_end(const RunEnd&) {}
+  virtual json section() const = 0;
+};
+
+// Fans every hook out to a list of probes, in order.
+class Hooks {
+ public:
+  void add(std::shared_ptr<Probe> p) { probes_.push_back(std::move(p)); }
+  const std::vector<std::shared_ptr<Probe>>& probes() const { return probes_; }
+  void run_begin(const RunInfo& r) { for (auto& p : probes_) p->run_begin(r); }
+  void step_begin(const StepInfo& s) { for (auto& p : probes_) p->step_begin(s); }
+  void forward_end(const StepInfo& s) { for (auto& p : probes_) p->forward_end(s); }
+  void backward_end(const StepInfo& s) { for (auto& p : probes_) p->backward_end(s); }
+  void optimizer_end(const StepInfo& s) { for (auto& p : probes_) p->optimizer_end(s); }
+  void step_end(const StepInfo& s) { for (auto& p : probes_) p->step_end(s); }
+  void run_end(const RunEnd& e) { for (auto& p : probes_) p->run_end(e); }
+
+ private:
+  std::vector<std::shared_ptr<Probe>> probes_;
+};
+
+}  // namespace trainscope

@@ -1,0 +1,20 @@
+#pragma once
+// Summary statistics of a sample (step times and the like), as DESIGN.md defines them.
+#include <cstdint>
+#include <vector>
+
+#include "core/config.hpp"
+
+namespace trainscope {
+
+struct Summary {
+  double p50 = 0, p90 = 0, p99 = 0, mean = 0, stdev = 0, min = 0, max = 0;
+  int64_t count = 0;
+};
+
+// Percentiles by linear interpolation between closest ranks (numpy's default); stdev is the
+// sample standard deviation (n-1). An empty sample gives count 0 and zeros.
+Summary summarize(std::vector<double> values);
+json to_json(const Summary& s);  // {"p50","p90","p99","mean","stdev","min","max","count"}
+
+}  // namespace trainscope

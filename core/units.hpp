@@ -1,0 +1,15 @@
+#pragma once
+// Human-readable numbers for terminal output (reports keep raw SI values).
+#include <cstdint>
+#include <string>
+
+namespace trainscope {
+
+std::string format_bytes(double bytes);      // "1.5 MiB"
+std::string format_seconds(double seconds);  // "812 us", "12.3 ms", "4.20 s", "3m05s"
+std::string format_rate(double per_second);  // "1.23k", "4.5M"
+std::string format_fixed(double v, int decimals);
+// Current UTC time as ISO-8601 ("2026-12-02T14:09:44Z"); compact=true gives "20261202-140944".
+std::string utc_now(bool compact = false);
+
+}  // namespace trainscope

@@ -1,0 +1,19 @@
+#pragma once
+// CUDA pieces that need only the toolkit (not a CUDA LibTorch): the GPU inventory with CUDA, cuDNN,
+// NCCL and CUPTI versions, and NVTX ranges around the training phases. Built in probes/gpu_cuda.cpp
+// when CMake finds the toolkit, else probes/gpu_none.cpp; whether a device exists is decided at run
+// time, so a build with the toolkit on a machine without a driver reports "no device" and goes on.
+#include <memory>
+
+#include "core/hooks.hpp"
+
+namespace trainscope::probes {
+
+// {"toolkit": bool, "status", "runtime_version", "driver_version", "device_count", "devices": [...],
+//  "cudnn_version", "nccl_version", "cupti_version"}; fields that cannot be read are null.
+json gpu_inventory();
+
+// NVTX ranges "step N", "forward", "backward", "optimizer" for Nsight Systems; null without the toolkit.
+std::shared_ptr<Probe> make_nvtx_probe();
+
+}  // namespace trainscope::probes

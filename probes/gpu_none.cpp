@@ -1,0 +1,13 @@
+// Built when CMake found no CUDA toolkit: no inventory beyond saying so, no NVTX.
+#include "probes/gpu.hpp"
+
+namespace trainscope::probes {
+
+json gpu_inventory() {
+  return json{{"toolkit", false}, {"status", "built without the CUDA toolkit"}, {"device_count", 0},
+              {"devices", json::array()}};
+}
+
+std::shared_ptr<Probe> make_nvtx_probe() { return nullptr; }
+
+}  // namespace trainscope::probes

@@ -1,0 +1,55 @@
+#pragma once
+// Memory probe. CPU: an accounting allocator installed as torch's CPU allocator counts the bytes live
+// in tensor storage exactly (peak overall and per phase). CUDA (torch CUDA builds): the caching
+// allocator's peak allocated and reserved bytes, alloc retries and OOMs.
+#include <atomic>
+#include <cstdint>
+
+#include "core/hooks.hpp"
+
+namespace trainscope::probes {
+
+// Live and peak bytes of every CPU tensor allocated since install. Thread-safe, lock-free.
+class AccountingAllocator {
+ public:
+  // Installs the allocator for the whole process (idempotent). Tensors allocated before keep their
+  // own deleters and are not counted.
+  static void install();
+  // Puts torch's default CPU allocator back (benchmarks compare with and without accounting).
+  static void uninstall();
+  static bool installed();
+  static int64_t current();
+  static int64_t peak();
+  static int64_t phase_peak();
+  static void reset_peak();        // peak := current
+  static void reset_phase_peak();  // phase peak := current
+  // Called by the allocator itself.
+  static void on_alloc(int64_t bytes);
+  static void on_free(int64_t bytes);
+};
+
+class MemoryProbe : public Probe {
+ public:
+  std::string name() const override { return "memory"; }
+  void run_begin(const RunInfo& info) override;
+  void step_begin(const StepInfo& s) override;
+  void forward_end(const StepInfo& s) override;
+  void backward_end(const StepInfo& s) override;
+  void optimizer_end(const StepInfo& s) override;
+  void run_end(const RunEnd& e) override;
+  json section() const override;
+
+ private:
+  void phase_begin();
+  int64_t phase_end();
+  int64_t live_now() const;
+  bool cuda_ = false;
+  int device_index_ = 0;
+  int64_t step_start_ = 0, activation_ = 0;
+  int64_t baseline_ = 0, forward_ = 0, backward_ = 0, optimizer_ = 0, peak_ = 0;
+  int64_t reserved_peak_ = 0, alloc_retries_ = 0, ooms_ = 0;
+  ModelStateBytes model_state_;
+  bool have_end_ = false;
+};
+
+}  // namespace trainscope::probes

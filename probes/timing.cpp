@@ -1,0 +1,151 @@
+#include "probes/timing.hpp"
+
+#include <chrono>
+
+#include <torch/torch.h>
+
+#include "core/stats.hpp"
+
+#ifdef TRAINSCOPE_TORCH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#endif
+
+namespace trainscope::probes {
+namespace {
+
+class HostClock : public StepClock {
+ public:
+  void mark(int point) override { now_[static_cast<size_t>(point)] = std::chrono::steady_clock::now(); }
+  void finish_step() override {
+    auto secs = [&](size_t from, size_t to) { return std::chrono::duration<double>(now_[to] - now_[from]).count(); };
+    steps_.push_back({secs(0, 1), secs(1, 2), secs(2, 3), secs(0, 4)});
+  }
+  std::vector<std::array<double, 4>> resolve() override { return steps_; }
+  std::string kind() const override { return "host-steady-clock"; }
+
+ private:
+  std::array<std::chrono::steady_clock::time_point, 5> now_{};
+  std::vector<std::array<double, 4>> steps_;
+};
+
+#ifdef TRAINSCOPE_TORCH_CUDA
+// Events recorded on the current CUDA stream; elapsed times are read after the run.
+class CudaEventClock : public StepClock {
+ public:
+  void mark(int point) override {
+    if (point == 0) steps_.emplace_back();
+    auto& ev = steps_.back()[static_cast<size_t>(point)];
+    ev = std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault);
+    ev->record();
+  }
+  void finish_step() override {}
+  std::vector<std::array<double, 4>> resolve() override {
+    std::vector<std::array<double, 4>> out;
+    for (auto& e : steps_) {
+      e[4]->synchronize();
+      std::array<double, 4> d{};
+      for (size_t i = 0; i < 3; ++i) d[i] = e[i]->elapsed_time(*e[i + 1]) / 1e3;
+      d[3] = e[0]->elapsed_time(*e[4]) / 1e3;
+      out.push_back(d);
+    }
+    return out;
+  }
+  std::string kind() const override { return "cuda-events"; }
+
+ private:
+  std::vector<std::array<std::unique_ptr<at::cuda::CUDAEvent>, 5>> steps_;
+};
+#endif
+
+double nan_if_zero(double v) { return v > 0 ? v : std::nan(""); }
+
+}  // namespace
+
+std::unique_ptr<StepClock> make_step_clock(const std::string& device) {
+#ifdef TRAINSCOPE_TORCH_CUDA
+  if (device.rfind("cuda", 0) == 0) return std::make_unique<CudaEventClock>();
+#endif
+  return std::make_unique<HostClock>();
+}
+
+std::string compute_dtype(const std::string& precision) {
+  if (precision == "bf16-mixed") return "bf16";
+  if (precision == "tf32") return "tf32";
+  return "fp32";
+}
+
+double measure_gemm_peak(const std::string& device, const std::string& dtype, int repeats) {
+  const bool cuda = device.rfind("cuda", 0) == 0;
+  const int64_t n = cuda ? 8192 : 1024;
+  const auto scalar = dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
+  auto& ctx = at::globalContext();
+  const bool tf32_before = ctx.allowTF32CuBLAS();
+  ctx.setAllowTF32CuBLAS(dtype == "tf32");
+  torch::NoGradGuard no_grad;
+  auto opts = torch::TensorOptions().dtype(scalar).device(device);
+  auto a = torch::randn({n, n}, opts), b = torch::randn({n, n}, opts), c = torch::empty({n, n}, opts);
+  auto sync = [&] {
+    if (cuda) torch::cuda::synchronize();
+  };
+  double best = 0;
+  for (int r = 0; r <= repeats; ++r) {  // the first run warms up and is not counted
+    sync();
+    const auto t0 = std::chrono::steady_clock::now();
+    torch::mm_out(c, a, b);
+    sync();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) best = std::max(best, 2.0 * n * n * n / s);
+  }
+  ctx.setAllowTF32CuBLAS(tf32_before);
+  return best;
+}
+
+void TimingProbe::run_begin(const RunInfo& info) {
+  info_ = info;
+  samples_per_step_ = info.config ? info.config->batch_size : 0;
+  clock_ = make_step_clock(info.device);
+  if (measure_peak_ && info_.peak_flops_per_s <= 0 && info.config) {
+    info_.peak_flops_per_s = measure_gemm_peak(info.device, compute_dtype(info.config->precision));
+    info_.peak_source = "measured " + compute_dtype(info.config->precision) + " GEMM on this device";
+  }
+}
+
+void TimingProbe::step_end(const StepInfo& s) {
+  if (!s.measured) return;
+  clock_->mark(4);
+  clock_->finish_step();
+}
+
+void TimingProbe::run_end(const RunEnd&) {
+  if (clock_) steps_ = clock_->resolve();
+}
+
+json TimingProbe::section() const {
+  std::vector<double> step, fwd, bwd, opt;
+  for (const auto& d : steps_) {
+    fwd.push_back(d[0]);
+    bwd.push_back(d[1]);
+    opt.push_back(d[2]);
+    step.push_back(d[3]);
+  }
+  const Summary st = summarize(step);
+  json j;
+  j["step_time_s"] = to_json(st);
+  j["phase_time_s"] = {{"forward", to_json(summarize(fwd))},
+                       {"backward", to_json(summarize(bwd))},
+                       {"optimizer", to_json(summarize(opt))}};
+  j["clock"] = clock_ ? clock_->kind() : "none";
+  const double samples_per_s = st.count > 0 && st.mean > 0 ? samples_per_step_ / st.mean : std::nan("");
+  j["samples_per_s"] = samples_per_s;
+  j["samples_per_s_per_device"] = samples_per_s;  // one device until the parallel layer lands
+  j["tokens_per_s"] = info_.tokens_per_sample > 0 ? json(samples_per_s * info_.tokens_per_sample) : json(nullptr);
+  const double flops = samples_per_s * info_.flops_per_sample;
+  j["flops_per_sample"] = info_.flops_per_sample;
+  j["flops_per_s"] = flops;
+  j["peak_flops_per_s"] = nan_if_zero(info_.peak_flops_per_s);
+  j["peak_source"] = info_.peak_flops_per_s > 0 ? json(info_.peak_source) : json(nullptr);
+  j["mfu"] = info_.peak_flops_per_s > 0 ? json(flops / info_.peak_flops_per_s) : json(nullptr);
+  return j;
+}
+
+}  // namespace trainscope::probes

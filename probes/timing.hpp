@@ -1,0 +1,56 @@
+#pragma once
+// Timing probe: step time and its forward/backward/optimizer split, throughput, FLOP/s and MFU.
+//
+// CPU: host steady clock. CUDA (torch CUDA builds): CUDA events on the current stream, resolved once
+// at run end so the loop never waits on them. Warm-up steps are not measured.
+#include <array>
+#include <memory>
+#include <vector>
+
+#include "core/hooks.hpp"
+
+namespace trainscope::probes {
+
+// Best-of-n GEMM throughput (FLOP/s) for `dtype` ("fp32", "tf32", "bf16") on `device`: the MFU
+// denominator. Square matrices sized for the device (1024 on CPU, 8192 on GPU).
+double measure_gemm_peak(const std::string& device, const std::string& dtype, int repeats = 5);
+// The dtype a precision mode's matmuls run in.
+std::string compute_dtype(const std::string& precision);
+
+// The five time points of a step: begin, forward end, backward end, optimizer end, step end.
+class StepClock {
+ public:
+  virtual ~StepClock() = default;
+  virtual void mark(int point) = 0;
+  virtual void finish_step() = 0;
+  // Per finished step, in seconds: forward, backward, optimizer, whole step.
+  virtual std::vector<std::array<double, 4>> resolve() = 0;
+  virtual std::string kind() const = 0;
+};
+std::unique_ptr<StepClock> make_step_clock(const std::string& device);
+
+class TimingProbe : public Probe {
+ public:
+  explicit TimingProbe(bool measure_peak = true) : measure_peak_(measure_peak) {}
+  std::string name() const override { return "timing"; }
+  void run_begin(const RunInfo& info) override;
+  void step_begin(const StepInfo& s) override { mark(s, 0); }
+  void forward_end(const StepInfo& s) override { mark(s, 1); }
+  void backward_end(const StepInfo& s) override { mark(s, 2); }
+  void optimizer_end(const StepInfo& s) override { mark(s, 3); }
+  void step_end(const StepInfo& s) override;
+  void run_end(const RunEnd&) override;
+  json section() const override;
+
+ private:
+  void mark(const StepInfo& s, int point) {
+    if (s.measured) clock_->mark(point);
+  }
+  RunInfo info_;
+  bool measure_peak_;
+  std::unique_ptr<StepClock> clock_;
+  std::vector<std::array<double, 4>> steps_;
+  int64_t samples_per_step_ = 0;
+};
+
+}  // namespace trainscope::probes

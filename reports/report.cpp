@@ -1,0 +1,92 @@
+#include "reports/report.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <sys/stat.h>
+
+#include "core/build_info.hpp"
+#include "core/errors.hpp"
+#include "core/units.hpp"
+
+namespace trainscope::reports {
+
+json make_report(const json& env, const json& suite, const std::vector<json>& cells) {
+  json r;
+  r["schema"] = kSchema;
+  r["trainscope"] = {{"version", version()}, {"commit", commit()}};
+  r["created"] = utc_now();
+  r["env"] = env;
+  r["suite"] = suite;
+  r["cells"] = cells;
+  r["recommendations"] = recommend(r);
+  return r;
+}
+
+void write_json_atomic(const std::string& path, const json& j) {
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  const std::string text = j.dump(2) + "\n";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot write " + tmp);
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n <= 0) {
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw std::runtime_error("write failed: " + tmp);
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::fsync(fd);
+  ::close(fd);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    throw std::runtime_error("cannot rename " + tmp + " to " + path);
+  }
+}
+
+json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw UsageError("cannot read " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return json::parse(text.str());
+  } catch (const json::parse_error& e) {
+    throw UsageError(path + ": not valid JSON (byte " + std::to_string(e.byte) + ")");
+  }
+}
+
+json read_report(const std::string& path_or_dir) {
+  struct stat st {};
+  std::string path = path_or_dir;
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) path += "/report.json";
+  json r = read_json_file(path);
+  if (!r.is_object() || !r.contains("schema") || !r["schema"].is_string())
+    throw UsageError(path + ": not a trainscope report (no \"schema\")");
+  const std::string schema = r["schema"];
+  if (schema != kSchema)
+    throw UsageError(path + ": report schema '" + schema + "' is not supported (this build reads " + kSchema + ")");
+  for (const char* key : {"trainscope", "created", "env", "suite", "cells", "recommendations"})
+    if (!r.contains(key)) throw UsageError(path + ": report lacks \"" + key + "\"");
+  if (!r["cells"].is_array()) throw UsageError(path + ": \"cells\" is not a list");
+  for (const auto& c : r["cells"])
+    if (!c.is_object() || !c.contains("name") || !c.contains("status") || !c.contains("config"))
+      throw UsageError(path + ": a cell lacks name, status or config");
+  return r;
+}
+
+const json* fp32_sibling(const json& report, const json& cell) {
+  if (!cell.contains("config")) return nullptr;
+  json want = cell["config"];
+  want["precision"] = "32-true";
+  for (const auto& c : report["cells"])
+    if (c.contains("config") && c["config"] == want) return &c;
+  return nullptr;
+}
+
+}  // namespace trainscope::reports

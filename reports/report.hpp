@@ -1,0 +1,34 @@
+#pragma once
+// The JSON report (DESIGN.md's contract, schema in reports/schema/report.schema.json): assembling,
+// atomic writing, strict reading, the terminal summary and the recommendations.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+
+namespace trainscope::reports {
+
+inline constexpr const char* kSchema = "trainscope.report/1";
+
+// A complete report from its parts; recommendations are derived here from the cells and env.
+json make_report(const json& env, const json& suite, const std::vector<json>& cells);
+
+// Writes to a temporary file in the same folder, flushes it, then renames: readers never see half a file.
+void write_json_atomic(const std::string& path, const json& j);
+// Reads any JSON file; UsageError naming the file on a missing file or bad JSON.
+json read_json_file(const std::string& path);
+// Reads report.json (a path to it or its folder) and checks the schema tag and the required
+// sections; UsageError on anything else.
+json read_report(const std::string& path_or_dir);
+
+// The cell of the same configuration in 32-true, if the report has it (for speed-ups).
+const json* fp32_sibling(const json& report, const json& cell);
+
+// The terminal table: cell, status, step p50, throughput, peak memory, loss/accuracy, speed-up.
+std::string render_summary(const json& report);
+
+// Rules over the report, each citing the numbers it rests on.
+json recommend(const json& report);
+
+}  // namespace trainscope::reports

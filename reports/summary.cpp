@@ -1,0 +1,85 @@
+// The terminal summary: one row per cell, read from the report JSON alone.
+#include <algorithm>
+#include <sstream>
+
+#include "core/units.hpp"
+#include "reports/report.hpp"
+
+namespace trainscope::reports {
+namespace {
+
+const json* find(const json& j, std::initializer_list<const char*> path) {
+  const json* at = &j;
+  for (const char* k : path) {
+    if (!at->is_object() || !at->contains(k)) return nullptr;
+    at = &(*at)[k];
+  }
+  return at->is_null() ? nullptr : at;
+}
+
+double number(const json& j, std::initializer_list<const char*> path, double fallback = -1) {
+  const json* v = find(j, path);
+  return v && v->is_number() ? v->get<double>() : fallback;
+}
+
+std::string pad(const std::string& s, size_t w, bool right = false) {
+  if (s.size() >= w) return s;
+  return right ? std::string(w - s.size(), ' ') + s : s + std::string(w - s.size(), ' ');
+}
+
+}  // namespace
+
+std::string render_summary(const json& report) {
+  const std::vector<std::string> head = {"cell", "status", "step p50", "throughput", "peak mem",
+                                         "final loss", "accuracy", "vs 32-true"};
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& c : report["cells"]) {
+    std::vector<std::string> r(head.size(), "-");
+    r[0] = c["name"].get<std::string>();
+    r[1] = c["status"].get<std::string>();
+    const double p50 = number(c, {"metrics", "timing", "step_time_s", "p50"});
+    if (p50 > 0) r[2] = format_seconds(p50);
+    const double tok = number(c, {"metrics", "timing", "tokens_per_s"});
+    const double smp = number(c, {"metrics", "timing", "samples_per_s"});
+    if (tok > 0) r[3] = format_rate(tok) + " tok/s";
+    else if (smp > 0) r[3] = format_rate(smp) + " samp/s";
+    const double mem = number(c, {"metrics", "memory", "peak_bytes"});
+    if (mem >= 0) r[4] = format_bytes(mem);
+    const double loss = number(c, {"metrics", "quality", "final_loss"}, std::nan(""));
+    if (std::isfinite(loss)) r[5] = format_fixed(loss, 4);
+    const double acc = number(c, {"metrics", "quality", "accuracy"});
+    if (acc >= 0) r[6] = format_fixed(100 * acc, 1) + "%";
+    if (const json* base = fp32_sibling(report, c)) {
+      const double b50 = number(*base, {"metrics", "timing", "step_time_s", "p50"});
+      if (b50 > 0 && p50 > 0) r[7] = format_fixed(b50 / p50, 2) + "x";
+    }
+    rows.push_back(r);
+  }
+  std::vector<size_t> w(head.size());
+  for (size_t i = 0; i < head.size(); ++i) {
+    w[i] = head[i].size();
+    for (const auto& r : rows) w[i] = std::max(w[i], r[i].size());
+  }
+  std::ostringstream out;
+  auto line = [&](const std::vector<std::string>& r) {
+    for (size_t i = 0; i < r.size(); ++i) out << (i ? "  " : "") << pad(r[i], w[i], i >= 2);
+    out << "\n";
+  };
+  line(head);
+  std::vector<std::string> rule;
+  for (size_t x : w) rule.push_back(std::string(x, '-'));
+  line(rule);
+  for (const auto& r : rows) line(r);
+  for (const auto& c : report["cells"])
+    if (c.contains("reason") && c["reason"].is_string() && !c["reason"].get<std::string>().empty())
+      out << "  " << c["name"].get<std::string>() << ": " << c["status"].get<std::string>() << ": "
+          << c["reason"].get<std::string>() << "\n";
+  if (report.contains("recommendations") && !report["recommendations"].empty()) {
+    out << "\nrecommendations:\n";
+    for (const auto& r : report["recommendations"])
+      out << "  [" << r["severity"].get<std::string>() << "] " << r["text"].get<std::string>() << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace trainscope::reports

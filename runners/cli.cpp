@@ -1,0 +1,161 @@
+#include "runners/cli.hpp"
+
+#include <cstdio>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <torch/cuda.h>
+
+#include "core/build_info.hpp"
+#include "core/errors.hpp"
+#include "probes/env.hpp"
+#include "probes/gpu.hpp"
+#include "reports/report.hpp"
+#include "runners/cell.hpp"
+#include "runners/suite_run.hpp"
+#include "suites/data.hpp"
+#include "suites/suite_file.hpp"
+#include "suites/train.hpp"
+
+namespace trainscope::runners {
+namespace {
+
+int list_command() {
+  std::printf("suites (built in; or pass a .toml file to --suite):\n");
+  for (const auto& name : suites::builtin_suite_names()) {
+    const suites::Suite s = suites::load_suite(name);
+    std::printf("  %-12s %s\n", name.c_str(), s.description.c_str());
+    for (const auto& a : s.axes) {
+      std::string values;
+      for (const auto& v : a.values) values += (values.empty() ? "" : ", ") + (v.is_string() ? v.get<std::string>() : v.dump());
+      std::printf("      %-12s %s\n", a.key.c_str(), values.c_str());
+    }
+  }
+
+  const json gpu = probes::gpu_inventory();
+  const bool cuda = torch::cuda::is_available();
+  const std::string cuda_note = cuda ? std::to_string(torch::cuda::device_count()) + " GPU(s) visible to LibTorch"
+                                     : "no: " + gpu.value("status", std::string("LibTorch sees no GPU"));
+  std::printf("\nthis machine:\n  device cpu   yes\n  device cuda  %s\n", cuda_note.c_str());
+  std::printf("  fashion-mnist %s\n", suites::fashion_mnist_available()
+                                          ? ("yes (" + suites::fashion_mnist_dir() + ")").c_str()
+                                          : "no: apt-get install dataset-fashion-mnist");
+
+  std::printf("\nmodels:\n");
+  for (const auto& p : suites::model_presets())
+    std::printf("  %-10s %s\n", p.name.c_str(), p.summary.c_str());
+
+  std::printf("\nconfiguration keys (suite [base], [axes], [when.*] and --set key=value):\n");
+  RunConfig probe;
+  for (const auto& k : config_keys()) {
+    std::string values;
+    if (k.kind == KeyKind::Choice) {
+      for (const auto& c : k.choices) {
+        probe = RunConfig{};
+        std::string note;
+        if (k.name == "precision") {
+          probe.precision = c;
+          const std::string why = suites::unsupported_reason(probe, cuda ? "cuda:0" : "cpu");
+          note = why.empty() ? "" : " (not here)";
+        }
+        values += (values.empty() ? "" : ", ") + c + note;
+      }
+    } else {
+      values = "default " + (k.default_value.is_string() ? k.default_value.get<std::string>() : k.default_value.dump());
+    }
+    std::printf("  %-13s %s\n  %-13s   %s\n", k.name.c_str(), k.help.c_str(), "", values.c_str());
+  }
+  return 0;
+}
+
+int report_command(const std::string& dir) {
+  const json report = reports::read_report(dir);
+  std::printf("suite %s, created %s, trainscope %s (%s)\n\n", report["suite"].value("name", "?").c_str(),
+              report["created"].get<std::string>().c_str(), report["trainscope"].value("version", "?").c_str(),
+              report["trainscope"].value("commit", "?").c_str());
+  std::printf("%s", reports::render_summary(report).c_str());
+  return 0;
+}
+
+// "key=value" -> pair; one-line error otherwise.
+std::pair<std::string, std::string> split_set(const std::string& kv) {
+  const auto eq = kv.find('=');
+  if (eq == std::string::npos || eq == 0) throw UsageError("--set expects key=value, got '" + kv + "'");
+  return {kv.substr(0, eq), kv.substr(eq + 1)};
+}
+
+}  // namespace
+
+int cli_main(int argc, char** argv) {
+  CLI::App app{"trainscope: benchmarks and diagnostics for deep-learning training"};
+  app.set_version_flag("--version", std::string(version()) + " (" + commit() + ")");
+  app.require_subcommand(1);
+
+  RunOptions run;
+  std::vector<std::string> sets;
+  std::string steps, warmup, seed, threads;
+  auto* run_cmd = app.add_subcommand("run", "Run a suite: every cell in its own process; writes report.json");
+  run_cmd->add_option("--suite", run.suite, "built-in suite name or path to a .toml suite file")->capture_default_str();
+  run_cmd->add_option("--device", run.device, "auto | cpu | cuda | cuda:<index> (default: the suite's, else auto)");
+  run_cmd->add_option("--out", run.out, "output folder (default results/<UTC timestamp>)");
+  run_cmd->add_option("--steps", steps, "measured steps per cell (overrides the suite)");
+  run_cmd->add_option("--warmup", warmup, "warm-up steps per cell");
+  run_cmd->add_option("--seed", seed, "seed of every generator");
+  run_cmd->add_option("--threads", threads, "intra-op CPU threads (0: one per core)");
+  run_cmd->add_option("--set", sets, "override any configuration key: --set key=value (repeatable)");
+  run_cmd->add_option("--filter", run.filter, "regular expression on cell names");
+  run_cmd->add_flag("--resume", run.resume, "reuse finished cells found in --out");
+
+  auto* list_cmd = app.add_subcommand("list", "Suites, axes and values, and what this build supports here");
+  auto* env_cmd = app.add_subcommand("env", "Hardware and software inventory as JSON");
+  std::string report_dir;
+  auto* report_cmd = app.add_subcommand("report", "Re-render the summary of a results folder from its JSON");
+  report_cmd->add_option("dir", report_dir, "results folder or report.json")->required();
+
+  std::string spec, result;
+  auto* cell_cmd = app.add_subcommand("_cell", "");  // hidden: one cell in a child process
+  cell_cmd->group("");
+  cell_cmd->add_option("--spec", spec)->required();
+  cell_cmd->add_option("--result", result)->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "trainscope: error: %s (see trainscope --help)\n", e.what());
+    return 2;
+  }
+
+  try {
+    if (cell_cmd->parsed()) return cell_main(spec, result);
+    if (list_cmd->parsed()) return list_command();
+    if (env_cmd->parsed()) {
+      std::cout << probes::collect_env().dump(2) << "\n";
+      return 0;
+    }
+    if (report_cmd->parsed()) return report_command(report_dir);
+    if (run_cmd->parsed()) {
+      if (!steps.empty()) run.sets.emplace_back("steps", steps);
+      if (!warmup.empty()) run.sets.emplace_back("warmup_steps", warmup);
+      if (!seed.empty()) run.sets.emplace_back("seed", seed);
+      if (!threads.empty()) run.sets.emplace_back("threads", threads);
+      for (const auto& kv : sets) run.sets.push_back(split_set(kv));
+      return run_suite(run);
+    }
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "trainscope: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    std::fprintf(stderr, "trainscope: error: %s\n", what.substr(0, what.find('\n')).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace trainscope::runners

@@ -1,0 +1,31 @@
+#pragma once
+// Process isolation: each cell runs in a child process (its own process group) under a timeout, so a
+// crash, an abort or a hang ends that cell only.
+#include <string>
+#include <vector>
+
+namespace trainscope::runners {
+
+struct ChildOutcome {
+  enum class Kind { Exited, Signaled, TimedOut, Interrupted } kind = Kind::Exited;
+  int exit_code = 0;
+  int signal = 0;
+  double wall_s = 0;
+};
+
+// Runs argv[0] with the arguments, stdout and stderr appended to `log_path`, and waits at most
+// `timeout_s`; past it (or when the parent is interrupted) the child's whole process group is killed.
+ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& log_path, double timeout_s);
+
+// The path of the running executable (children re-execute it).
+std::string self_exe();
+// The last non-empty line of a text file ("" if none): the error a dying child printed.
+std::string last_line(const std::string& path);
+// A one-line description: "exit code 3", "killed by signal 11 (SIGSEGV)", "timed out after 5 s".
+std::string describe(const ChildOutcome& o, double timeout_s);
+
+// Ctrl-C / SIGTERM in the parent: set a flag that run_child and the suite loop check.
+void install_interrupt_handler();
+bool interrupted();
+
+}  // namespace trainscope::runners

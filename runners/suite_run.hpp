@@ -1,0 +1,21 @@
+#pragma once
+// `trainscope run`: expand the suite, run each cell in its own process, write the report as it grows.
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace trainscope::runners {
+
+struct RunOptions {
+  std::string suite = "quick";
+  std::string device;  // "" keeps the suite's value
+  std::string out;     // "" -> results/<UTC timestamp>
+  std::vector<std::pair<std::string, std::string>> sets;  // --steps etc. become sets too
+  std::string filter;
+  bool resume = false;
+};
+
+// Returns 0 when every cell is ok or skipped, 1 otherwise; the report is written either way.
+int run_suite(const RunOptions& options);
+
+}  // namespace trainscope::runners

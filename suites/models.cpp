@@ -1,0 +1,262 @@
+#include "suites/models.hpp"
+
+#include <cmath>
+
+#include "core/errors.hpp"
+
+namespace trainscope::suites {
+
+namespace nn = torch::nn;
+
+const std::vector<ModelPreset>& model_presets() {
+  // name, family, hidden/blocks, width, layers, heads, seq_len, vocab, dropout, summary
+  static const std::vector<ModelPreset> presets = {
+      {"mlp-tiny", "mlp", {64}, 0, 0, 0, 0, 0, 0.0, "MLP, one hidden layer of 64 (CI)"},
+      {"mlp", "mlp", {512, 256}, 0, 0, 0, 0, 0, 0.0, "MLP 512-256"},
+      {"mlp-large", "mlp", {4096, 4096, 4096, 4096}, 0, 0, 0, 0, 0, 0.0, "MLP 4x4096 (GPU)"},
+      {"cnn-tiny", "cnn", {1, 1}, 8, 0, 0, 0, 0, 0.0, "ResNet-style, 2 stages of 1 block, width 8 (CI)"},
+      {"cnn", "cnn", {2, 2, 2}, 32, 0, 0, 0, 0, 0.0, "ResNet-style, 3 stages of 2 blocks, width 32"},
+      {"resnet18", "cnn", {2, 2, 2, 2}, 64, 0, 0, 0, 0, 0.0, "ResNet-18 layout, width 64 (GPU)"},
+      {"gpt-tiny", "gpt", {}, 64, 2, 4, 64, 256, 0.0, "GPT, 2 layers, d=64, 4 heads, seq 64 (CI)"},
+      {"gpt-small", "gpt", {}, 256, 4, 4, 128, 1024, 0.0, "GPT, 4 layers, d=256, seq 128"},
+      {"gpt-125m", "gpt", {}, 768, 12, 12, 1024, 50304, 0.0, "GPT-2 small shape, ~125M (GPU)"},
+      {"gpt-1b", "gpt", {}, 2048, 24, 16, 2048, 50304, 0.0, "GPT, 24 layers, d=2048, ~1.3B (GPU)"},
+  };
+  return presets;
+}
+
+const ModelPreset& model_preset(const std::string& name) {
+  for (const auto& p : model_presets())
+    if (p.name == name) return p;
+  throw UsageError("unknown model '" + name + "'");
+}
+
+int64_t count_parameters(const torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel();
+  return n;
+}
+
+torch::Tensor ReferenceModel::loss(const Batch& b) {
+  torch::Tensor logits = forward(b.input);
+  // Losses in fp32 whatever the compute precision (as autocast does for cross_entropy).
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+                                               b.target.reshape({-1}));
+}
+
+namespace {
+
+// ---- MLP ------------------------------------------------------------------------------------------
+class Mlp : public ReferenceModel {
+ public:
+  Mlp(const ModelPreset& p, const DataShape& s) {
+    int64_t in = s.channels * s.height * s.width;
+    for (size_t i = 0; i < p.hidden.size(); ++i) {
+      layers_.push_back(register_module("fc" + std::to_string(i), nn::Linear(in, p.hidden[i])));
+      dims_.emplace_back(in, p.hidden[i]);
+      in = p.hidden[i];
+    }
+    layers_.push_back(register_module("head", nn::Linear(in, s.classes)));
+    dims_.emplace_back(in, s.classes);
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    torch::Tensor h = x.flatten(1);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      h = layers_[i]->forward(h);
+      if (i + 1 < layers_.size()) h = torch::relu(h);
+    }
+    return h;
+  }
+  int64_t analytic_parameters() const override {
+    int64_t n = 0;
+    for (auto [in, out] : dims_) n += in * out + out;
+    return n;
+  }
+  double training_flops_per_sample() const override {
+    double macs = 0;
+    for (auto [in, out] : dims_) macs += static_cast<double>(in) * out;
+    return 6.0 * macs;
+  }
+
+ private:
+  std::vector<nn::Linear> layers_;
+  std::vector<std::pair<int64_t, int64_t>> dims_;
+};
+
+// ---- ResNet-style CNN -----------------------------------------------------------------------------
+// Accumulates conv FLOPs and parameters while the network is built, so both are analytic.
+struct ConvLedger {
+  double macs = 0;
+  int64_t params = 0;
+  nn::Conv2d conv(int64_t in, int64_t out, int64_t k, int64_t stride, int64_t& h, int64_t& w) {
+    const int64_t pad = k / 2;
+    h = (h + 2 * pad - k) / stride + 1;
+    w = (w + 2 * pad - k) / stride + 1;
+    macs += static_cast<double>(in) * out * k * k * h * w;
+    params += in * out * k * k;
+    return nn::Conv2d(nn::Conv2dOptions(in, out, k).stride(stride).padding(pad).bias(false));
+  }
+  nn::BatchNorm2d bn(int64_t c) {
+    params += 2 * c;
+    return nn::BatchNorm2d(c);
+  }
+};
+
+class BasicBlock : public nn::Module {
+ public:
+  BasicBlock(int64_t in, int64_t out, int64_t stride, int64_t& h, int64_t& w, ConvLedger& led) {
+    int64_t h1 = h, w1 = w;
+    conv1_ = register_module("conv1", led.conv(in, out, 3, stride, h1, w1));
+    bn1_ = register_module("bn1", led.bn(out));
+    int64_t h2 = h1, w2 = w1;
+    conv2_ = register_module("conv2", led.conv(out, out, 3, 1, h2, w2));
+    bn2_ = register_module("bn2", led.bn(out));
+    if (stride != 1 || in != out) {
+      int64_t hs = h, ws = w;
+      shortcut_ = register_module("shortcut", led.conv(in, out, 1, stride, hs, ws));
+      shortcut_bn_ = register_module("shortcut_bn", led.bn(out));
+    }
+    h = h2;
+    w = w2;
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor y = torch::relu(bn1_->forward(conv1_->forward(x)));
+    y = bn2_->forward(conv2_->forward(y));
+    torch::Tensor s = shortcut_ ? shortcut_bn_->forward(shortcut_->forward(x)) : x;
+    return torch::relu(y + s);
+  }
+
+ private:
+  nn::Conv2d conv1_{nullptr}, conv2_{nullptr}, shortcut_{nullptr};
+  nn::BatchNorm2d bn1_{nullptr}, bn2_{nullptr}, shortcut_bn_{nullptr};
+};
+
+class Cnn : public ReferenceModel {
+ public:
+  Cnn(const ModelPreset& p, const DataShape& s) {
+    int64_t h = s.height, w = s.width;
+    stem_ = register_module("stem", led_.conv(s.channels, p.width, 3, 1, h, w));
+    stem_bn_ = register_module("stem_bn", led_.bn(p.width));
+    int64_t in = p.width;
+    for (size_t stage = 0; stage < p.hidden.size(); ++stage) {
+      const int64_t out = p.width << stage;
+      for (int64_t b = 0; b < p.hidden[stage]; ++b) {
+        const int64_t stride = (stage > 0 && b == 0) ? 2 : 1;
+        auto block = std::make_shared<BasicBlock>(in, out, stride, h, w, led_);
+        blocks_.push_back(register_module("block" + std::to_string(blocks_.size()), block));
+        in = out;
+      }
+    }
+    head_ = register_module("head", nn::Linear(in, s.classes));
+    head_macs_ = static_cast<double>(in) * s.classes;
+    head_params_ = in * s.classes + s.classes;
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    torch::Tensor h = torch::relu(stem_bn_->forward(stem_->forward(x)));
+    for (auto& b : blocks_) h = b->forward(h);
+    return head_->forward(h.mean({2, 3}));
+  }
+  int64_t analytic_parameters() const override { return led_.params + head_params_; }
+  double training_flops_per_sample() const override { return 6.0 * (led_.macs + head_macs_); }
+
+ private:
+  ConvLedger led_;
+  nn::Conv2d stem_{nullptr};
+  nn::BatchNorm2d stem_bn_{nullptr};
+  std::vector<std::shared_ptr<BasicBlock>> blocks_;
+  nn::Linear head_{nullptr};
+  double head_macs_ = 0;
+  int64_t head_params_ = 0;
+};
+
+// ---- GPT-style decoder ----------------------------------------------------------------------------
+class DecoderBlock : public nn::Module {
+ public:
+  DecoderBlock(int64_t d, int64_t heads, double dropout) : heads_(heads), dropout_(dropout) {
+    ln1_ = register_module("ln1", nn::LayerNorm(nn::LayerNormOptions({d})));
+    qkv_ = register_module("qkv", nn::Linear(d, 3 * d));
+    proj_ = register_module("proj", nn::Linear(d, d));
+    ln2_ = register_module("ln2", nn::LayerNorm(nn::LayerNormOptions({d})));
+    fc_ = register_module("fc", nn::Linear(d, 4 * d));
+    fc_proj_ = register_module("fc_proj", nn::Linear(4 * d, d));
+  }
+  // x stays fp32 (the residual stream): LayerNorm is always fed fp32, which 1.13's CPU autocast needs.
+  torch::Tensor forward(const torch::Tensor& x) {
+    const int64_t B = x.size(0), S = x.size(1), D = x.size(2), Dh = D / heads_;
+    auto qkv = qkv_->forward(ln1_->forward(x)).view({B, S, 3, heads_, Dh}).permute({2, 0, 3, 1, 4});
+    auto q = qkv[0], k = qkv[1], v = qkv[2];  // [B,H,S,Dh]
+    auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(Dh));
+    auto causal = torch::ones({S, S}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
+    auto att = torch::softmax(scores.masked_fill(causal, -std::numeric_limits<float>::infinity()), -1);
+    att = torch::dropout(att, dropout_, is_training());
+    auto y = torch::matmul(att, v).transpose(1, 2).reshape({B, S, D});
+    auto h = x + torch::dropout(proj_->forward(y), dropout_, is_training());
+    auto m = fc_proj_->forward(torch::gelu(fc_->forward(ln2_->forward(h))));
+    return h + torch::dropout(m, dropout_, is_training());
+  }
+
+ private:
+  int64_t heads_;
+  double dropout_;
+  nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
+  nn::Linear qkv_{nullptr}, proj_{nullptr}, fc_{nullptr}, fc_proj_{nullptr};
+};
+
+class Gpt : public ReferenceModel {
+ public:
+  Gpt(const ModelPreset& p, const DataShape&) : p_(p) {
+    tok_ = register_module("tok_emb", nn::Embedding(p.vocab, p.width));
+    pos_ = register_module("pos_emb", nn::Embedding(p.seq_len, p.width));
+    for (int64_t i = 0; i < p.layers; ++i)
+      blocks_.push_back(register_module("block" + std::to_string(i),
+                                        std::make_shared<DecoderBlock>(p.width, p.heads, p.dropout)));
+    ln_f_ = register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({p.width})));
+    head_ = register_module("lm_head", nn::Linear(nn::LinearOptions(p.width, p.vocab).bias(false)));
+    for (auto& param : parameters()) {
+      // GPT-2's initialisation: N(0, 0.02) for weights, zero biases (LayerNorm keeps ones/zeros).
+      if (param.dim() >= 2) torch::nn::init::normal_(param, 0.0, 0.02);
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& tokens) override {
+    const int64_t S = tokens.size(1);
+    auto pos = torch::arange(S, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+    torch::Tensor h = tok_->forward(tokens) + pos_->forward(pos).unsqueeze(0);
+    for (auto& b : blocks_) h = b->forward(h);
+    return head_->forward(ln_f_->forward(h));
+  }
+  int64_t analytic_parameters() const override {
+    const int64_t D = p_.width, L = p_.layers;
+    return embedding_parameters() + L * (12 * D * D + 13 * D) + 2 * D + D * p_.vocab;
+  }
+  int64_t embedding_parameters() const override { return (p_.vocab + p_.seq_len) * p_.width; }
+  int64_t tokens_per_sample() const override { return p_.seq_len; }
+  double training_flops_per_sample() const override {
+    const double n = static_cast<double>(analytic_parameters() - embedding_parameters());
+    const double attention = 6.0 * p_.layers * p_.width * p_.seq_len;  // 6·L·H·Dh·S, H·Dh = D
+    return (6.0 * n + attention) * p_.seq_len;
+  }
+
+ private:
+  ModelPreset p_;
+  nn::Embedding tok_{nullptr}, pos_{nullptr};
+  std::vector<std::shared_ptr<DecoderBlock>> blocks_;
+  nn::LayerNorm ln_f_{nullptr};
+  nn::Linear head_{nullptr};
+};
+
+}  // namespace
+
+std::shared_ptr<ReferenceModel> make_model(const ModelPreset& preset, const DataShape& shape) {
+  if (preset.family != "gpt" && shape.tokens())
+    throw UsageError("model '" + preset.name + "' needs image data (fashion-mnist or synthetic-images)");
+  if (preset.family == "mlp") return std::make_shared<Mlp>(preset, shape);
+  if (preset.family == "cnn") return std::make_shared<Cnn>(preset, shape);
+  if (preset.family == "gpt") {
+    if (!shape.tokens() || shape.vocab != preset.vocab || shape.seq_len != preset.seq_len)
+      throw UsageError("model '" + preset.name + "' needs token data (data = synthetic-tokens)");
+    return std::make_shared<Gpt>(preset, shape);
+  }
+  throw UsageError("unknown model family '" + preset.family + "'");
+}
+
+}  // namespace trainscope::suites

@@ -1,0 +1,57 @@
+#pragma once
+// Reference models: MLP, ResNet-style CNN and GPT-style decoder, sized by named presets.
+//
+// Each model states its parameter count and its analytic training FLOPs (forward + backward) as
+// DESIGN.md defines them: matmul/conv FLOPs only (2 per multiply-add), times 3 for training; the
+// transformer uses 6·N_non_embedding + 6·L·H·Dh·S per token.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace trainscope::suites {
+
+// What the data looks like, so that a model can size its input and output layers.
+struct DataShape {
+  int64_t channels = 1, height = 28, width = 28, classes = 10;  // images
+  int64_t vocab = 0, seq_len = 0;                                // tokens (vocab > 0)
+  bool tokens() const { return vocab > 0; }
+};
+
+struct Batch {
+  torch::Tensor input;   // images [B,C,H,W] float, or tokens [B,S] int64
+  torch::Tensor target;  // labels [B] or next tokens [B,S]
+};
+
+struct ModelPreset {
+  std::string name, family;  // family: mlp | cnn | gpt
+  std::vector<int64_t> hidden;  // mlp: hidden widths; cnn: blocks per stage
+  int64_t width = 0;            // cnn: stem channels; gpt: model dim D
+  int64_t layers = 0, heads = 0, seq_len = 0, vocab = 0;  // gpt
+  double dropout = 0.0;
+  std::string summary;
+};
+
+const std::vector<ModelPreset>& model_presets();
+const ModelPreset& model_preset(const std::string& name);
+
+class ReferenceModel : public torch::nn::Module {
+ public:
+  virtual torch::Tensor forward(const torch::Tensor& x) = 0;  // logits
+  // Cross-entropy of the logits against the batch's targets (per token for sequence models).
+  virtual torch::Tensor loss(const Batch& b);
+  virtual int64_t analytic_parameters() const = 0;
+  virtual double training_flops_per_sample() const = 0;
+  virtual int64_t tokens_per_sample() const { return 0; }
+  // Parameters of the embeddings (excluded from N in the transformer FLOPs formula).
+  virtual int64_t embedding_parameters() const { return 0; }
+  bool classifies() const { return tokens_per_sample() == 0; }
+};
+
+std::shared_ptr<ReferenceModel> make_model(const ModelPreset& preset, const DataShape& shape);
+
+// Counts trainable parameters of a module (numel of every parameter).
+int64_t count_parameters(const torch::nn::Module& m);
+
+}  // namespace trainscope::suites

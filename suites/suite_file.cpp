@@ -1,0 +1,188 @@
+#include "suites/suite_file.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+#include "core/build_info.hpp"
+#include "core/errors.hpp"
+
+namespace trainscope::suites {
+namespace {
+
+json to_json_value(const toml::node& n, const std::string& where) {
+  if (auto v = n.as_string()) return v->get();
+  if (auto v = n.as_integer()) return v->get();
+  if (auto v = n.as_floating_point()) return v->get();
+  if (auto v = n.as_boolean()) return v->get();
+  throw UsageError(where + ": expected a string, number or boolean");
+}
+
+// toml++ keeps tables sorted by key; the suite's order is the order in the file.
+std::vector<std::pair<std::string, const toml::node*>> in_file_order(const toml::table& t) {
+  std::vector<std::pair<std::string, const toml::node*>> out;
+  for (const auto& [k, v] : t) out.emplace_back(std::string(k.str()), &v);
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    const auto& sa = a.second->source().begin;
+    const auto& sb = b.second->source().begin;
+    return sa.line != sb.line ? sa.line < sb.line : sa.column < sb.column;
+  });
+  return out;
+}
+
+const toml::table& as_table(const toml::node& n, const std::string& where) {
+  if (auto t = n.as_table()) return *t;
+  throw UsageError(where + ": expected a table");
+}
+
+json settings_table(const toml::table& t, const std::string& where) {
+  json out = json::object();
+  for (const auto& [k, v] : in_file_order(t)) {
+    const std::string at = where + "." + k;
+    try {
+      out[k] = validate_value(k, to_json_value(*v, at));
+    } catch (const UsageError& e) {
+      throw UsageError(at + ": " + e.what());
+    }
+  }
+  return out;
+}
+
+std::string join_names(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
+  return s;
+}
+
+}  // namespace
+
+Suite parse_suite(const std::string& text, const std::string& origin) {
+  toml::table doc;
+  try {
+    doc = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    const auto& at = e.source().begin;
+    throw UsageError(origin + ":" + std::to_string(at.line) + ":" + std::to_string(at.column) + ": " +
+                     std::string(e.description()));
+  }
+  Suite s;
+  s.source = origin;
+  for (const auto& [key, node] : in_file_order(doc)) {
+    const std::string where = origin + ": " + key;
+    if (key == "name") {
+      if (!node->is_string()) throw UsageError(where + ": expected a string");
+      s.name = node->as_string()->get();
+    } else if (key == "description") {
+      if (!node->is_string()) throw UsageError(where + ": expected a string");
+      s.description = node->as_string()->get();
+    } else if (key == "base") {
+      s.base = settings_table(as_table(*node, where), where);
+    } else if (key == "axes") {
+      for (const auto& [axis, values] : in_file_order(as_table(*node, where))) {
+        const std::string at = where + "." + axis;
+        const toml::array* arr = values->as_array();
+        if (!arr || arr->empty()) throw UsageError(at + ": expected a non-empty list of values");
+        Axis a{axis, {}};
+        for (const auto& v : *arr) {
+          try {
+            a.values.push_back(validate_value(axis, to_json_value(v, at)));
+          } catch (const UsageError& e) {
+            throw UsageError(at + ": " + e.what());
+          }
+        }
+        s.axes.push_back(std::move(a));
+      }
+    } else if (key == "when") {
+      for (const auto& [axis, per_value] : in_file_order(as_table(*node, where))) {
+        const std::string at = where + "." + axis;
+        auto it = std::find_if(s.axes.begin(), s.axes.end(), [&](const Axis& a) { return a.key == axis; });
+        if (it == s.axes.end()) throw UsageError(at + ": '" + axis + "' is not an axis of this suite");
+        for (const auto& [value, settings] : in_file_order(as_table(*per_value, at))) {
+          const json v = validate_value(axis, parse_value(axis, value));
+          if (std::find(it->values.begin(), it->values.end(), v) == it->values.end())
+            throw UsageError(at + "." + value + ": '" + value + "' is not a value of axis " + axis);
+          s.when.push_back({axis, v, settings_table(as_table(*settings, at + "." + value), at + "." + value)});
+        }
+      }
+    } else {
+      throw UsageError(where + ": unknown key (allowed: name, description, base, axes, when)");
+    }
+  }
+  if (s.name.empty()) throw UsageError(origin + ": missing 'name'");
+  return s;
+}
+
+std::vector<std::string> builtin_suite_names() {
+  std::vector<std::string> names;
+  for (const auto& [n, text] : builtin_suites()) names.push_back(n);
+  return names;
+}
+
+Suite load_suite(const std::string& name_or_path) {
+  for (const auto& [n, text] : builtin_suites())
+    if (n == name_or_path) {
+      Suite s = parse_suite(text, "suites/catalog/" + n + ".toml");
+      s.source = "built-in";
+      return s;
+    }
+  std::ifstream in(name_or_path);
+  if (!in)
+    throw UsageError("unknown suite '" + name_or_path + "' (built-in: " + join_names(builtin_suite_names()) +
+                     "; or a path to a .toml file)");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_suite(text.str(), name_or_path);
+}
+
+void apply_override(Suite& suite, const std::string& key, const json& value) {
+  const json v = validate_value(key, value);
+  auto it = std::find_if(suite.axes.begin(), suite.axes.end(), [&](const Axis& a) { return a.key == key; });
+  if (it != suite.axes.end()) it->values = {v};
+  // An override beats `when` rules too: drop their settings of this key.
+  for (auto& w : suite.when) w.settings.erase(key);
+  suite.base[key] = v;
+}
+
+std::vector<Cell> expand(const Suite& suite, const std::string& filter) {
+  std::regex re;
+  try {
+    re = std::regex(filter.empty() ? ".*" : filter);
+  } catch (const std::regex_error& e) {
+    throw UsageError("bad --filter '" + filter + "': " + e.what());
+  }
+  std::vector<Cell> cells;
+  std::vector<size_t> at(suite.axes.size(), 0);
+  while (true) {
+    json cfg = suite.base;
+    std::string name;
+    for (size_t i = 0; i < suite.axes.size(); ++i) {
+      const Axis& a = suite.axes[i];
+      cfg[a.key] = a.values[at[i]];
+      name += (name.empty() ? "" : "/") + axis_label(a.key, a.values[at[i]]);
+    }
+    for (const auto& w : suite.when)
+      if (cfg.contains(w.key) && cfg[w.key] == w.value)
+        for (auto it = w.settings.begin(); it != w.settings.end(); ++it) cfg[it.key()] = it.value();
+    if (name.empty()) name = suite.name;
+    if (std::regex_search(name, re)) cells.push_back({name, RunConfig::from_json(cfg)});
+    // Odometer: the last axis varies fastest.
+    size_t i = suite.axes.size();
+    while (i > 0 && ++at[i - 1] == suite.axes[i - 1].values.size()) at[--i] = 0;
+    if (i == 0) break;
+  }
+  return cells;
+}
+
+json suite_to_json(const Suite& suite) {
+  json axes = json::object();
+  for (const auto& a : suite.axes) axes[a.key] = a.values;
+  json when = json::array();
+  for (const auto& w : suite.when) when.push_back({{"axis", w.key}, {"value", w.value}, {"settings", w.settings}});
+  return json{{"name", suite.name}, {"description", suite.description}, {"source", suite.source},
+              {"base", suite.base}, {"axes", axes}, {"when", when}};
+}
+
+}  // namespace trainscope::suites

@@ -1,0 +1,58 @@
+#pragma once
+// Suite files: a base configuration plus axes (TOML, comments allowed), expanded into named cells.
+//
+//   name = "quick"
+//   description = "..."
+//   [base]                       # any key of core/config.hpp
+//   steps = 300
+//   [axes]                       # each key: the list of values to sweep, in this order
+//   model = ["mlp", "gpt-tiny"]
+//   precision = ["32-true", "bf16-mixed"]
+//   [when.model.gpt-tiny]        # settings for the cells whose axis `model` is `gpt-tiny`
+//   batch_size = 32
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+
+namespace trainscope::suites {
+
+struct Axis {
+  std::string key;
+  std::vector<json> values;
+};
+
+struct WhenRule {
+  std::string key;    // an axis key
+  json value;         // the axis value it applies to
+  json settings;      // key -> value
+};
+
+struct Suite {
+  std::string name, description, source;  // source: "built-in" or the file's path
+  json base = json::object();
+  std::vector<Axis> axes;
+  std::vector<WhenRule> when;
+};
+
+struct Cell {
+  std::string name;
+  RunConfig config;
+};
+
+// Parses TOML text; every error is a UsageError of one line naming the file, the key and the value.
+Suite parse_suite(const std::string& text, const std::string& origin);
+// A built-in name (suites/catalog/NAME.toml, compiled in) or a path to a .toml file.
+Suite load_suite(const std::string& name_or_path);
+std::vector<std::string> builtin_suite_names();
+
+// `--set key=value`: replaces the axis of that key (if any) by the single value, else sets the base.
+void apply_override(Suite& suite, const std::string& key, const json& value);
+
+// Cartesian product of the axes in declaration order; names join the axis labels with '/'.
+// Cells whose name does not match `filter` (a regular expression, searched) are left out.
+std::vector<Cell> expand(const Suite& suite, const std::string& filter = "");
+
+json suite_to_json(const Suite& suite);  // the report's "suite" section
+
+}  // namespace trainscope::suites

@@ -1,0 +1,55 @@
+#pragma once
+// The training loop: one step reads top to bottom (batch, forward under the precision's autocast,
+// backward, optimizer), calling the hooks of core/hooks.hpp at fixed points.
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/hooks.hpp"
+#include "suites/data.hpp"
+#include "suites/models.hpp"
+
+namespace trainscope::suites {
+
+struct TrainOutcome {
+  std::string status = "ok";  // ok | diverged
+  std::string reason;
+  int64_t steps_run = 0;
+  double final_loss = 0;                 // mean of the last (up to) 10 steps' losses
+  std::optional<double> accuracy;        // held-out accuracy for classifiers
+  std::vector<std::pair<int64_t, double>> loss_curve;
+  std::optional<int64_t> first_nonfinite_step;
+};
+
+// Resolves "auto" to cuda when LibTorch sees a GPU, else cpu; "cuda" means "cuda:0".
+std::string resolve_device(const std::string& requested);
+// Why a config cannot run here ("" when it can): tf32 without CUDA, cuda without a device, ...
+std::string unsupported_reason(const RunConfig& c, const std::string& device);
+
+class Trainer {
+ public:
+  Trainer(const RunConfig& config, const std::string& device);
+  RunInfo info() const;
+  // One optimizer step (batch `step` of the data stream); returns the loss tensor (not synchronised).
+  torch::Tensor step(int64_t step, Hooks& hooks);
+  // Held-out accuracy, or nullopt when the model or data has none.
+  std::optional<double> evaluate();
+  ModelStateBytes model_state() const;
+  ReferenceModel& model() { return *model_; }
+
+ private:
+  RunConfig config_;
+  torch::Device device_;
+  ModelPreset preset_;
+  std::unique_ptr<DataSource> data_;
+  std::shared_ptr<ReferenceModel> model_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  bool autocast_ = false;
+};
+
+// Runs warm-up + measured steps with the hooks, then evaluates. A loss that turns non-finite and
+// stays so for 10 steps ends the run as `diverged`.
+TrainOutcome train(Trainer& trainer, const RunConfig& config, Hooks& hooks, RunInfo info);
+
+}  // namespace trainscope::suites

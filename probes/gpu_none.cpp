@@ -4,7 +4,7 @@
 namespace trainscope::probes {
 
 json gpu_inventory() {
-  return json{{"toolkit", false}, {"status", "built without the CUDA toolkit"}, {"device_count", 0},
+  return json{{"toolkit", false}, {"status", "no device: built without the CUDA toolkit"}, {"device_count", 0},
               {"devices", json::array()}};
 }
 

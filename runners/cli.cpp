@@ -118,6 +118,16 @@ int cli_main(int argc, char** argv) {
   cell_cmd->add_option("--spec", spec)->required();
   cell_cmd->add_option("--result", result)->required();
 
+  // CLI11 would call a stray word "extra arguments"; name it and the commands instead.
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string word = argv[1];
+    bool known = false;
+    for (const auto* sub : app.get_subcommands({})) known = known || sub->check_name(word);
+    if (!known) {
+      std::fprintf(stderr, "trainscope: error: unknown command '%s' (allowed: run, list, env, report)\n", word.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -69,11 +69,19 @@ class FashionMnist : public DataSource {
 };
 
 // ---- synthetic images: a fixed template per class plus Gaussian noise -----------------------------
+// Templates are smooth blobs (a 7x7 pattern upsampled) on a class-specific brightness, so both an MLP
+// and a CNN with global pooling can learn them within tens of steps.
 class SyntheticImages : public DataSource {
  public:
   SyntheticImages(int64_t seed, DataShape shape) : seed_(seed), shape_(shape) {
     auto g = generator(mix(seed, 2, 0));
-    templates_ = torch::randn({shape.classes, shape.channels, shape.height, shape.width}, g);
+    auto coarse = torch::randn({shape.classes, shape.channels, 7, 7}, g);
+    auto level = torch::linspace(-1.0, 1.0, shape.classes).view({shape.classes, 1, 1, 1});
+    templates_ = torch::nn::functional::interpolate(
+                     coarse, torch::nn::functional::InterpolateFuncOptions()
+                                 .size(std::vector<int64_t>{shape.height, shape.width})
+                                 .mode(torch::kNearest)) +
+                 level;
   }
   DataShape shape() const override { return shape_; }
   Batch train_batch(int64_t step, int64_t batch_size) override { return draw(mix(seed_, 3, step), batch_size); }
@@ -85,7 +93,7 @@ class SyntheticImages : public DataSource {
     auto g = generator(stream_seed);
     auto labels = torch::randint(shape_.classes, {n}, g, torch::kLong);
     auto noise = torch::randn({n, shape_.channels, shape_.height, shape_.width}, g);
-    return {templates_.index_select(0, labels) + 1.5 * noise, labels};
+    return {templates_.index_select(0, labels) + noise, labels};
   }
   int64_t seed_;
   DataShape shape_;

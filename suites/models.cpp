@@ -19,8 +19,8 @@ const std::vector<ModelPreset>& model_presets() {
       {"resnet18", "cnn", {2, 2, 2, 2}, 64, 0, 0, 0, 0, 0.0, "ResNet-18 layout, width 64 (GPU)"},
       {"gpt-tiny", "gpt", {}, 64, 2, 4, 64, 256, 0.0, "GPT, 2 layers, d=64, 4 heads, seq 64 (CI)"},
       {"gpt-small", "gpt", {}, 256, 4, 4, 128, 1024, 0.0, "GPT, 4 layers, d=256, seq 128"},
-      {"gpt-125m", "gpt", {}, 768, 12, 12, 1024, 50304, 0.0, "GPT-2 small shape, ~125M (GPU)"},
-      {"gpt-1b", "gpt", {}, 2048, 24, 16, 2048, 50304, 0.0, "GPT, 24 layers, d=2048, ~1.3B (GPU)"},
+      {"gpt-125m", "gpt", {}, 768, 12, 12, 1024, 50304, 0.0, "GPT-2 small shape, 124M (GPU)"},
+      {"gpt-1b", "gpt", {}, 2048, 24, 16, 2048, 50304, 0.0, "GPT, 24 layers, d=2048, 16 heads, seq 2048, 1.3B (GPU)"},
   };
   return presets;
 }
@@ -211,7 +211,6 @@ class Gpt : public ReferenceModel {
       blocks_.push_back(register_module("block" + std::to_string(i),
                                         std::make_shared<DecoderBlock>(p.width, p.heads, p.dropout)));
     ln_f_ = register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({p.width})));
-    head_ = register_module("lm_head", nn::Linear(nn::LinearOptions(p.width, p.vocab).bias(false)));
     for (auto& param : parameters()) {
       // GPT-2's initialisation: N(0, 0.02) for weights, zero biases (LayerNorm keeps ones/zeros).
       if (param.dim() >= 2) torch::nn::init::normal_(param, 0.0, 0.02);
@@ -222,16 +221,18 @@ class Gpt : public ReferenceModel {
     auto pos = torch::arange(S, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
     torch::Tensor h = tok_->forward(tokens) + pos_->forward(pos).unsqueeze(0);
     for (auto& b : blocks_) h = b->forward(h);
-    return head_->forward(ln_f_->forward(h));
+    // The LM head is tied to the token embedding (GPT-2), so gpt-125m has GPT-2 small's 124M.
+    return torch::nn::functional::linear(ln_f_->forward(h), tok_->weight);
   }
   int64_t analytic_parameters() const override {
     const int64_t D = p_.width, L = p_.layers;
-    return embedding_parameters() + L * (12 * D * D + 13 * D) + 2 * D + D * p_.vocab;
+    return (p_.vocab + p_.seq_len) * D + L * (12 * D * D + 13 * D) + 2 * D;
   }
-  int64_t embedding_parameters() const override { return (p_.vocab + p_.seq_len) * p_.width; }
   int64_t tokens_per_sample() const override { return p_.seq_len; }
   double training_flops_per_sample() const override {
-    const double n = static_cast<double>(analytic_parameters() - embedding_parameters());
+    // N leaves out the position embedding (a lookup) but keeps the token embedding, whose matrix
+    // is the LM head's matmul.
+    const double n = static_cast<double>(analytic_parameters() - p_.seq_len * p_.width);
     const double attention = 6.0 * p_.layers * p_.width * p_.seq_len;  // 6·L·H·Dh·S, H·Dh = D
     return (6.0 * n + attention) * p_.seq_len;
   }
@@ -241,7 +242,6 @@ class Gpt : public ReferenceModel {
   nn::Embedding tok_{nullptr}, pos_{nullptr};
   std::vector<std::shared_ptr<DecoderBlock>> blocks_;
   nn::LayerNorm ln_f_{nullptr};
-  nn::Linear head_{nullptr};
 };
 
 }  // namespace

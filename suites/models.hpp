@@ -3,7 +3,8 @@
 //
 // Each model states its parameter count and its analytic training FLOPs (forward + backward) as
 // DESIGN.md defines them: matmul/conv FLOPs only (2 per multiply-add), times 3 for training; the
-// transformer uses 6·N_non_embedding + 6·L·H·Dh·S per token.
+// transformer uses 6·N + 6·L·H·Dh·S per token (DESIGN.md, torchtitan's convention), N being every
+// parameter but the position embedding.
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,8 +45,6 @@ class ReferenceModel : public torch::nn::Module {
   virtual int64_t analytic_parameters() const = 0;
   virtual double training_flops_per_sample() const = 0;
   virtual int64_t tokens_per_sample() const { return 0; }
-  // Parameters of the embeddings (excluded from N in the transformer FLOPs formula).
-  virtual int64_t embedding_parameters() const { return 0; }
   bool classifies() const { return tokens_per_sample() == 0; }
 };
 

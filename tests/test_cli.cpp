@@ -1,0 +1,216 @@
+// The real `trainscope` binary: argument errors, isolation of crashing and hanging cells, the quick
+// suite end to end with schema validation, resume.
+#include <dirent.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "test_paths.hpp"
+
+#include "core/config.hpp"
+
+using trainscope::json;
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+std::string bin() { return trainscope::test::kBinary; }
+std::string source_dir() { return trainscope::test::kSourceDir; }
+std::string tmp(const std::string& name) {
+  const std::string dir = std::string(trainscope::test::kScratchDir) + "/cli";
+  std::system(("mkdir -p " + dir).c_str());
+  return dir + "/" + name;
+}
+
+// Runs a shell command, capturing stdout and stderr together.
+Result sh(const std::string& cmd) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+Result ts(const std::string& args) { return sh(bin() + " " + args); }
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return json::parse(in);
+}
+
+std::string write(const std::string& name, const std::string& text) {
+  std::ofstream(tmp(name)) << text;
+  return tmp(name);
+}
+
+int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+// Processes whose command line mentions `needle` (a leftover cell would).
+int processes_mentioning(const std::string& needle) {
+  int found = 0;
+  DIR* d = opendir("/proc");
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    std::ifstream f(std::string("/proc/") + e->d_name + "/cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (cmd.find(needle) != std::string::npos && cmd.find("_cell") != std::string::npos) ++found;
+  }
+  closedir(d);
+  return found;
+}
+
+}  // namespace
+
+TEST(Cli, BadArgumentsAreOneLineErrorsWithExit2) {
+  struct Case {
+    std::string args, expect;
+  };
+  const std::string malformed = write("malformed.toml", "name = 'x'\n[axes\nmodel = ['mlp']\n");
+  const std::string unknown_key = write("unknown-key.toml", "name = 'x'\n[base]\nbatchsize = 8\n");
+  const std::vector<Case> cases = {
+      {"run --set precision=fp16", "unknown precision 'fp16' (allowed: 32-true, tf32, bf16-mixed)"},
+      {"run --set stepz=3", "unknown key 'stepz' (allowed: model, data, precision"},
+      {"run --steps ten", "bad value 'ten' for 'steps': expected a number"},
+      {"run --device gpu", "unknown device 'gpu' (allowed: auto, cpu, cuda, cuda:<index>)"},
+      {"run --set steps", "--set expects key=value"},
+      {"run --suite no-such-suite", "unknown suite 'no-such-suite' (built-in: quick"},
+      {"run --suite " + malformed, "malformed.toml:2:"},
+      {"run --suite " + unknown_key, "base.batchsize: unknown key 'batchsize'"},
+      {"run --filter 'nothing-matches-this'", "no cell of suite 'quick' matches"},
+      {"run --bogus", "--bogus"},
+      {"report " + tmp("does-not-exist"), "cannot read"},
+      {"frobnicate", "unknown command 'frobnicate' (allowed: run, list, env, report)"},
+  };
+  for (const auto& c : cases) {
+    const Result r = ts(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.args << "\n" << r.out;
+    EXPECT_EQ(lines(r.out), 1) << c.args << "\n" << r.out;
+  }
+  const std::string corrupt = write("corrupt-report.json", "{\"schema\": \"trainscope.report/1\", \"cells\": [");
+  const Result r = ts("report " + corrupt);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("not valid JSON"), std::string::npos) << r.out;
+}
+
+TEST(Cli, HelpListAndEnv) {
+  for (const char* sub : {"run", "list", "env", "report"}) {
+    const Result r = ts(std::string(sub) + " --help");
+    EXPECT_EQ(r.code, 0) << sub;
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub;
+  }
+  const Result list = ts("list");
+  EXPECT_EQ(list.code, 0);
+  EXPECT_NE(list.out.find("quick"), std::string::npos);
+  EXPECT_NE(list.out.find("tf32 (not here)"), std::string::npos) << list.out;  // no GPU in CI
+  const Result env = sh(bin() + " env 2>/dev/null");
+  ASSERT_EQ(env.code, 0);
+  const json j = json::parse(env.out);
+  EXPECT_TRUE(j.contains("blas"));
+  EXPECT_TRUE(j["cpu"]["flags"].contains("avx512_bf16"));
+}
+
+TEST(Cli, CrashAbortExceptionAndHangAreRecordedAndTheSuiteGoesOn) {
+  const std::string suite = write("faults.toml", R"(
+name = "faults"
+[base]
+model = "mlp-tiny"
+data = "synthetic-images"
+steps = 3
+warmup_steps = 1
+batch_size = 8
+timeout_s = 4
+[axes]
+inject = ["crash", "abort", "hang", "throw", "none"]
+)");
+  const std::string out = tmp("faults-out");
+  sh("rm -rf " + out);
+  const Result r = ts("run --suite " + suite + " --out " + out);
+  EXPECT_EQ(r.code, 1) << r.out;  // some cells failed
+  const json report = read_json(out + "/report.json");
+  ASSERT_EQ(report["cells"].size(), 5u) << r.out;
+  auto cell = [&](size_t i) { return report["cells"][i]; };
+  EXPECT_EQ(cell(0)["status"], "failed");
+  EXPECT_NE(cell(0)["reason"].get<std::string>().find("SIGSEGV"), std::string::npos) << cell(0)["reason"];
+  EXPECT_EQ(cell(1)["status"], "failed");
+  EXPECT_NE(cell(1)["reason"].get<std::string>().find("SIGABRT"), std::string::npos) << cell(1)["reason"];
+  EXPECT_EQ(cell(2)["status"], "timeout");
+  EXPECT_NE(cell(2)["reason"].get<std::string>().find("timed out after"), std::string::npos);
+  EXPECT_GE(cell(2)["wall_s"].get<double>(), 4.0);
+  EXPECT_LT(cell(2)["wall_s"].get<double>(), 30.0);
+  EXPECT_EQ(cell(3)["status"], "failed");
+  EXPECT_NE(cell(3)["reason"].get<std::string>().find("injected exception"), std::string::npos);
+  EXPECT_EQ(cell(4)["status"], "ok");  // the suite went on after all of that
+  EXPECT_EQ(processes_mentioning(out), 0);  // the hung cell's process group is gone
+  EXPECT_NE(r.out.find("[5/5] inject=none"), std::string::npos) << r.out;
+  // Every cell's own result file exists too.
+  EXPECT_TRUE(std::ifstream(out + "/cells/inject_crash.json").good());
+  const json critical = report["recommendations"].back();
+  EXPECT_EQ(critical["id"], "run.cells-failed");
+  EXPECT_EQ(critical["cells"].size(), 4u);
+}
+
+TEST(Cli, QuickSuiteMlpEndToEndValidatesAndReachesAccuracy) {
+  const std::string out = tmp("quick-mlp");
+  sh("rm -rf " + out);
+  const Result r = ts("run --filter '^mlp/' --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("vs 32-true"), std::string::npos) << r.out;  // the summary table
+  const json report = read_json(out + "/report.json");
+  ASSERT_EQ(report["cells"].size(), 2u);
+  for (const auto& c : report["cells"]) {
+    ASSERT_EQ(c["status"], "ok") << c.dump();
+    const json& m = c["metrics"];
+    EXPECT_GE(m["quality"]["accuracy"].get<double>(), 0.80) << c["name"];  // the issue's bar, fp32 and bf16
+    const double mean = m["timing"]["step_time_s"]["mean"];
+    EXPECT_EQ(m["timing"]["step_time_s"]["count"], c["config"]["steps"]);
+    EXPECT_NEAR(m["timing"]["samples_per_s"].get<double>() * mean, c["config"]["batch_size"].get<double>(), 1e-6);
+    EXPECT_NEAR(m["timing"]["flops_per_s"].get<double>(),
+                m["timing"]["samples_per_s"].get<double>() * c["model"]["training_flops_per_sample"].get<double>(),
+                1e-3 * m["timing"]["flops_per_s"].get<double>());
+    EXPECT_GT(m["timing"]["mfu"].get<double>(), 0.0);
+    EXPECT_LT(m["timing"]["mfu"].get<double>(), 1.5);
+    EXPECT_GT(m["memory"]["peak_bytes"].get<int64_t>(), m["memory"]["activation_bytes"].get<int64_t>());
+    EXPECT_EQ(m["memory"]["model_state_difference_bytes"], 0);
+    EXPECT_GE(m["quality"]["loss_curve"].size(), 10u);
+  }
+  const std::string schema = source_dir() + "/reports/schema/report.schema.json";
+  const std::string validate = "/usr/bin/python3 " + source_dir() + "/tests/validate_report.py " + schema + " ";
+  const Result valid = sh(validate + out + "/report.json");
+  EXPECT_EQ(valid.code, 0) << valid.out;
+  // The schema does reject what breaks the contract.
+  json broken = report;
+  broken["cells"][0]["status"] = "finished";
+  std::ofstream(tmp("broken.json")) << broken.dump();
+  const Result invalid = sh(validate + tmp("broken.json"));
+  EXPECT_EQ(invalid.code, 1) << invalid.out;
+  EXPECT_NE(invalid.out.find("cells/0/status"), std::string::npos) << invalid.out;
+
+  const Result again = ts("report " + out);
+  EXPECT_EQ(again.code, 0);
+  EXPECT_NE(again.out.find("mlp/bf16-mixed"), std::string::npos);
+}
+
+TEST(Cli, ResumeReusesFinishedCells) {
+  const std::string out = tmp("resume");
+  sh("rm -rf " + out);
+  const std::string args = "run --set model=mlp-tiny --set data=synthetic-images --steps 3 --set batch_size=8 --out " + out;
+  const Result first = ts(args);
+  ASSERT_EQ(first.code, 0) << first.out;
+  const Result second = ts(args + " --resume");
+  ASSERT_EQ(second.code, 0) << second.out;
+  EXPECT_NE(second.out.find("from the previous run"), std::string::npos) << second.out;
+  EXPECT_EQ(read_json(out + "/report.json")["cells"].size(), 2u);
+}

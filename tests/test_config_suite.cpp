@@ -1,0 +1,118 @@
+// Suite files, configuration values and axis expansion.
+#include <gtest/gtest.h>
+
+#include "core/errors.hpp"
+#include "suites/suite_file.hpp"
+
+using namespace trainscope;
+using namespace trainscope::suites;
+
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const char* kSuite = R"(
+# a comment
+name = "demo"
+description = "two axes"
+[base]
+steps = 7
+lr = 0.01
+[axes]
+precision = ["32-true", "bf16-mixed"]
+model = ["mlp-tiny", "gpt-tiny", "cnn-tiny"]
+batch_size = [8, 16]
+[when.model.gpt-tiny]
+lr = 0.003
+)";
+
+}  // namespace
+
+TEST(SuiteFile, ExpandsAxesInFileOrderWithLabels) {
+  const Suite s = parse_suite(kSuite, "demo.toml");
+  ASSERT_EQ(s.axes.size(), 3u);
+  EXPECT_EQ(s.axes[0].key, "precision");  // file order, not toml++'s sorted order
+  EXPECT_EQ(s.axes[1].key, "model");
+  const auto cells = expand(s);
+  ASSERT_EQ(cells.size(), 12u);
+  EXPECT_EQ(cells[0].name, "32-true/mlp-tiny/bs8");
+  EXPECT_EQ(cells[1].name, "32-true/mlp-tiny/bs16");
+  EXPECT_EQ(cells[11].name, "bf16-mixed/cnn-tiny/bs16");
+  EXPECT_EQ(cells[1].config.batch_size, 16);
+  EXPECT_EQ(cells[0].config.steps, 7);
+  EXPECT_DOUBLE_EQ(cells[0].config.lr, 0.01);
+  EXPECT_DOUBLE_EQ(cells[2].config.lr, 0.003);  // the gpt-tiny cell gets its `when` setting
+  EXPECT_EQ(cells[2].config.model, "gpt-tiny");
+}
+
+TEST(SuiteFile, FilterAndOverrides) {
+  Suite s = parse_suite(kSuite, "demo.toml");
+  EXPECT_EQ(expand(s, "gpt-tiny/bs16$").size(), 2u);
+  apply_override(s, "precision", "bf16-mixed");  // an axis collapses to the one value
+  apply_override(s, "lr", 0.5);                  // beats base and `when`
+  const auto cells = expand(s);
+  ASSERT_EQ(cells.size(), 6u);
+  for (const auto& c : cells) {
+    EXPECT_EQ(c.config.precision, "bf16-mixed");
+    EXPECT_DOUBLE_EQ(c.config.lr, 0.5);
+  }
+  EXPECT_NE(error_of([&] { expand(s, "(unclosed"); }).find("bad --filter"), std::string::npos);
+}
+
+TEST(SuiteFile, ErrorsNameTheKeyAndTheAllowedValues) {
+  auto parse = [](const std::string& text) { return error_of([&] { parse_suite(text, "bad.toml"); }); };
+  EXPECT_NE(parse("name='x'\n[base]\nbatchsize = 3\n").find("unknown key 'batchsize'"), std::string::npos);
+  EXPECT_NE(parse("name='x'\n[base]\nbatchsize = 3\n").find("allowed: model, data"), std::string::npos);
+  const std::string bad_value = parse("name='x'\n[axes]\nprecision = ['fp16']\n");
+  EXPECT_NE(bad_value.find("unknown precision 'fp16'"), std::string::npos) << bad_value;
+  EXPECT_NE(bad_value.find("32-true, tf32, bf16-mixed"), std::string::npos) << bad_value;
+  EXPECT_NE(parse("name='x'\n[base]\nsteps = 0\n").find("must be at least 1"), std::string::npos);
+  EXPECT_NE(parse("name='x'\n[base]\nsteps = 'ten'\n").find("expected an integer"), std::string::npos);
+  EXPECT_NE(parse("name='x'\n[axes]\nmodel = []\n").find("non-empty list"), std::string::npos);
+  EXPECT_NE(parse("name='x'\n[when.model.mlp]\nlr=1\n").find("not an axis"), std::string::npos);
+  EXPECT_NE(parse("name='x'\n[axes]\nmodel=['mlp']\n[when.model.cnn]\nlr=1\n").find("not a value of axis"),
+            std::string::npos);
+  EXPECT_NE(parse("name='x'\nextra = 1\n").find("unknown key"), std::string::npos);
+  EXPECT_NE(parse("[base]\nsteps=1\n").find("missing 'name'"), std::string::npos);
+  // A TOML syntax error names the line and column.
+  EXPECT_NE(parse("name = 'x'\n[base\n").find("bad.toml:2:"), std::string::npos);
+  EXPECT_NE(error_of([] { load_suite("no-such-suite"); }).find("built-in: quick"), std::string::npos);
+}
+
+TEST(Config, ValuesAreCheckedAndParsed) {
+  EXPECT_EQ(parse_value("batch_size", "32"), json(32));
+  EXPECT_EQ(parse_value("eval", "false"), json(false));
+  EXPECT_DOUBLE_EQ(parse_value("lr", "1e-3").get<double>(), 1e-3);
+  EXPECT_NE(error_of([] { parse_value("batch_size", "32x"); }).find("expected a number"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_value("batch_size", "2.5"); }).find("expected an integer"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_value("device", "gpu"); }).find("allowed: auto, cpu, cuda"), std::string::npos);
+  EXPECT_EQ(parse_value("device", "cuda:3"), json("cuda:3"));
+  EXPECT_NE(error_of([] { parse_value("lr", "-1"); }).find("finite number >= 0"), std::string::npos);
+  EXPECT_NE(error_of([] { RunConfig::from_json(json{{"stepz", 1}}); }).find("unknown key 'stepz'"), std::string::npos);
+  // Round trip through JSON keeps every field.
+  RunConfig c;
+  c.model = "gpt-tiny";
+  c.batch_size = 3;
+  c.lr = 0.25;
+  c.eval = false;
+  EXPECT_EQ(RunConfig::from_json(c.to_json()).to_json(), c.to_json());
+}
+
+TEST(Config, BuiltinSuitesParse) {
+  for (const auto& name : builtin_suite_names()) {
+    const Suite s = load_suite(name);
+    EXPECT_EQ(s.name, name);
+    EXPECT_FALSE(expand(s).empty()) << name;
+  }
+  const auto quick = expand(load_suite("quick"));
+  ASSERT_EQ(quick.size(), 4u);
+  EXPECT_EQ(quick[0].name, "mlp/32-true");
+  EXPECT_EQ(quick[3].name, "gpt-tiny/bf16-mixed");
+}

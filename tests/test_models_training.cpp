@@ -1,0 +1,215 @@
+// Reference models (shapes, parameter counts, FLOPs by hand), data sources and the training loop.
+#include <zlib.h>
+
+#include <gtest/gtest.h>
+
+#include "test_paths.hpp"
+
+#include "core/compat.hpp"
+#include "core/errors.hpp"
+#include "suites/data.hpp"
+#include "suites/train.hpp"
+
+using namespace trainscope;
+using namespace trainscope::suites;
+
+namespace {
+
+std::shared_ptr<ReferenceModel> build(const std::string& preset, const DataShape& shape) {
+  torch::manual_seed(0);
+  return make_model(model_preset(preset), shape);
+}
+
+DataShape tokens_of(const std::string& preset) {
+  DataShape s;
+  s.vocab = model_preset(preset).vocab;
+  s.seq_len = model_preset(preset).seq_len;
+  return s;
+}
+
+std::string tmp_dir() {
+  const std::string dir = test::kScratchDir;
+  std::system(("mkdir -p " + dir).c_str());
+  return dir;
+}
+
+}  // namespace
+
+TEST(Models, MlpShapeParametersAndFlopsByHand) {
+  auto m = build("mlp-tiny", DataShape{});
+  EXPECT_EQ(m->forward(torch::zeros({5, 1, 28, 28})).sizes(), (std::vector<int64_t>{5, 10}));
+  const int64_t by_hand = (784 * 64 + 64) + (64 * 10 + 10);
+  EXPECT_EQ(count_parameters(*m), by_hand);
+  EXPECT_EQ(m->analytic_parameters(), by_hand);
+  EXPECT_DOUBLE_EQ(m->training_flops_per_sample(), 6.0 * (784 * 64 + 64 * 10));
+}
+
+TEST(Models, CnnShapeParametersAndFlopsByHand) {
+  auto m = build("cnn-tiny", DataShape{});
+  EXPECT_EQ(m->forward(torch::zeros({3, 1, 28, 28})).sizes(), (std::vector<int64_t>{3, 10}));
+  // stem conv 1->8 + BN; block 8->8 (two 3x3 convs + BNs); block 8->16 stride 2 (+ 1x1 shortcut + BN); fc.
+  const int64_t by_hand = (1 * 8 * 9 + 16) + (2 * (8 * 8 * 9 + 16)) +
+                          (8 * 16 * 9 + 32 + 16 * 16 * 9 + 32 + 8 * 16 + 32) + (16 * 10 + 10);
+  EXPECT_EQ(by_hand, 5122);
+  EXPECT_EQ(count_parameters(*m), by_hand);
+  EXPECT_EQ(m->analytic_parameters(), by_hand);
+  // MACs: stem at 28x28, two convs at 28x28, then at 14x14 two 3x3 convs and the 1x1 shortcut, fc.
+  const double macs = 1.0 * 8 * 9 * 784 + 2.0 * 8 * 8 * 9 * 784 + 8.0 * 16 * 9 * 196 + 16.0 * 16 * 9 * 196 +
+                      8.0 * 16 * 196 + 16.0 * 10;
+  EXPECT_DOUBLE_EQ(m->training_flops_per_sample(), 6.0 * macs);
+}
+
+TEST(Models, GptShapeParametersAndFlopsByHand) {
+  auto m = build("gpt-tiny", tokens_of("gpt-tiny"));
+  auto logits = m->forward(torch::zeros({2, 64}, torch::kLong));
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{2, 64, 256}));
+  const int64_t V = 256, D = 64, S = 64, L = 2;
+  const int64_t block = 2 * D + (D * 3 * D + 3 * D) + (D * D + D) + 2 * D + (D * 4 * D + 4 * D) + (4 * D * D + D);
+  const int64_t by_hand = V * D + S * D + L * block + 2 * D;  // head tied to the token embedding
+  EXPECT_EQ(by_hand, 120576);
+  EXPECT_EQ(count_parameters(*m), by_hand);
+  EXPECT_EQ(m->analytic_parameters(), by_hand);
+  const double n = static_cast<double>(by_hand - S * D);
+  EXPECT_DOUBLE_EQ(m->training_flops_per_sample(), (6.0 * n + 6.0 * L * D * S) * S);
+  EXPECT_EQ(m->tokens_per_sample(), 64);
+}
+
+TEST(Models, GptIsCausal) {
+  auto m = build("gpt-tiny", tokens_of("gpt-tiny"));
+  m->eval();
+  auto a = torch::randint(256, {1, 64}, torch::kLong);
+  auto b = a.clone();
+  b[0][40] = (b[0][40].item<int64_t>() + 1) % 256;  // change a later token
+  auto la = m->forward(a), lb = m->forward(b);
+  EXPECT_TRUE(torch::allclose(la.slice(1, 0, 40), lb.slice(1, 0, 40)));
+  EXPECT_FALSE(torch::allclose(la.slice(1, 40, 41), lb.slice(1, 40, 41)));
+}
+
+TEST(Models, EveryCpuSizedPresetMatchesItsAnalyticCount) {
+  for (const auto& p : model_presets()) {
+    if (p.name == "gpt-125m" || p.name == "gpt-1b" || p.name == "mlp-large") continue;  // GPU sizes
+    auto m = build(p.name, p.family == "gpt" ? tokens_of(p.name) : DataShape{});
+    EXPECT_EQ(count_parameters(*m), m->analytic_parameters()) << p.name;
+  }
+  // The GPU presets' analytic sizes: GPT-2 small's 124M, and 1.3B.
+  ModelPreset big = model_preset("gpt-125m");
+  const int64_t D = big.width;
+  EXPECT_NEAR(static_cast<double>((big.vocab + big.seq_len) * D + big.layers * (12 * D * D + 13 * D) + 2 * D),
+              124.5e6, 0.5e6);
+}
+
+TEST(Data, SyntheticStreamsAreDeterministicPerSeed) {
+  const ModelPreset& gpt = model_preset("gpt-tiny");
+  auto a = make_data("auto", gpt, 7), b = make_data("auto", gpt, 7), c = make_data("auto", gpt, 8);
+  const Batch a3 = a->train_batch(3, 4), b3 = b->train_batch(3, 4), c3 = c->train_batch(3, 4);
+  EXPECT_TRUE(torch::equal(a3.input, b3.input));
+  EXPECT_FALSE(torch::equal(a3.input, c3.input));
+  EXPECT_FALSE(torch::equal(a3.input, a->train_batch(4, 4).input));
+  // Targets are the inputs shifted by one token.
+  EXPECT_TRUE(torch::equal(a3.input.slice(1, 1, 64), a3.target.slice(1, 0, 63)));
+  EXPECT_LT(a3.input.max().item<int64_t>(), 256);
+}
+
+TEST(Data, FashionMnistReadsDebiansFiles) {
+  if (!fashion_mnist_available()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  auto d = make_data("fashion-mnist", model_preset("mlp"), 0);
+  const Batch b = d->train_batch(0, 256);
+  EXPECT_EQ(b.input.sizes(), (std::vector<int64_t>{256, 1, 28, 28}));
+  EXPECT_GE(b.target.min().item<int64_t>(), 0);
+  EXPECT_LE(b.target.max().item<int64_t>(), 9);
+  EXPECT_NEAR(b.input.mean().item<double>(), 0.0, 0.15);  // standardised
+  EXPECT_EQ(d->test_set().input.size(0), 10000);
+  auto again = make_data("fashion-mnist", model_preset("mlp"), 0);
+  EXPECT_TRUE(torch::equal(b.target, again->train_batch(0, 256).target));
+}
+
+TEST(Data, IdxReaderChecksTheFile) {
+  const std::string path = tmp_dir() + "/tiny-idx3-ubyte.gz";
+  auto write = [&](const std::vector<unsigned char>& bytes) {
+    gzFile f = gzopen(path.c_str(), "wb");
+    gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+    gzclose(f);
+  };
+  write({0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 3, 1, 2, 3, 4, 5, 6});
+  const auto t = read_idx_gz(path);
+  EXPECT_EQ(t.sizes(), (std::vector<int64_t>{2, 1, 3}));
+  EXPECT_EQ(t[1][0][2].item<int>(), 6);
+  write({0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 3, 1, 2});  // truncated
+  EXPECT_THROW(read_idx_gz(path), std::runtime_error);
+  write({0, 0, 13, 1, 0, 0, 0, 1, 9});  // float IDX: not ours
+  EXPECT_THROW(read_idx_gz(path), std::runtime_error);
+}
+
+TEST(Precision, AutocastGuardClearsTheCastCacheEachStep) {
+  // Under 1.13's CPU autocast a bf16 copy of a weight is cached; after an in-place update the next
+  // forward must see the new weight, which only holds if the guard clears the cache on exit.
+  torch::manual_seed(0);
+  torch::nn::Linear lin(8, 8);
+  auto x = torch::randn({4, 8});
+  auto forward = [&] {
+    compat::AutocastGuard g(torch::kCPU, torch::kBFloat16);
+    return lin->forward(x);
+  };
+  const auto before = forward();
+  EXPECT_EQ(before.scalar_type(), torch::kBFloat16);
+  {
+    torch::NoGradGuard ng;
+    lin->weight.add_(1.0);
+  }
+  const auto after = forward();
+  const auto expected = torch::nn::functional::linear(x.to(torch::kBFloat16), lin->weight.to(torch::kBFloat16),
+                                                      lin->bias.to(torch::kBFloat16));
+  EXPECT_TRUE(torch::allclose(after.to(torch::kFloat), expected.to(torch::kFloat), 1e-2, 1e-2));
+  EXPECT_FALSE(torch::allclose(after.to(torch::kFloat), before.to(torch::kFloat), 1e-2, 1e-2));
+  EXPECT_FALSE(compat::autocast_enabled(torch::kCPU));  // state restored
+}
+
+class LossFalls : public ::testing::TestWithParam<std::tuple<std::string, std::string, std::string>> {};
+
+TEST_P(LossFalls, ShortTraining) {
+  const auto& [model, data, precision] = GetParam();
+  RunConfig c;
+  c.model = model;
+  c.data = data;
+  c.precision = precision;
+  c.batch_size = 32;
+  c.steps = 40;
+  c.warmup_steps = 0;
+  c.lr = model == "gpt-tiny" ? 3e-3 : model == "cnn-tiny" ? 1e-2 : 1e-3;
+  c.log_every = 1;
+  c.eval = false;
+  Trainer t(c, "cpu");
+  Hooks none;
+  const TrainOutcome o = train(t, c, none, t.info());
+  ASSERT_EQ(o.status, "ok") << o.reason;
+  ASSERT_GE(o.loss_curve.size(), 40u);
+  const double first = o.loss_curve.front().second;
+  EXPECT_LT(o.final_loss, 0.7 * first) << model << " " << precision << ": " << first << " -> " << o.final_loss;
+  // Model state measured from the live tensors equals the analytic fp32 + AdamW accounting.
+  const ModelStateBytes m = t.model_state();
+  EXPECT_EQ(m.params, t.model().analytic_parameters() * 4);
+  EXPECT_EQ(m.grads, m.params);
+  EXPECT_EQ(m.optimizer, 2 * m.params);
+  EXPECT_EQ(m.params + m.grads + m.optimizer, m.expected);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, LossFalls,
+                         ::testing::Values(std::make_tuple("mlp-tiny", "synthetic-images", "32-true"),
+                                           std::make_tuple("cnn-tiny", "synthetic-images", "32-true"),
+                                           std::make_tuple("gpt-tiny", "synthetic-tokens", "32-true"),
+                                           std::make_tuple("gpt-tiny", "synthetic-tokens", "bf16-mixed")));
+
+TEST(Trainer, UnsupportedCellsSayWhy) {
+  RunConfig c;
+  c.precision = "tf32";
+  EXPECT_NE(unsupported_reason(c, "cpu").find("tf32 needs a CUDA GPU"), std::string::npos);
+  c.precision = "32-true";
+  c.model = "gpt-tiny";
+  c.data = "fashion-mnist";
+  EXPECT_NE(unsupported_reason(c, "cpu").find("needs token data"), std::string::npos);
+  c.data = "auto";
+  EXPECT_EQ(unsupported_reason(c, "cpu"), "");
+  if (!torch::cuda::is_available()) {
+    EXPECT_NE(unsupported_reason(c, "cuda:0").find("no CUDA device"), std::string::npos);
+  }
+}

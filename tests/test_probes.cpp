@@ -1,0 +1,100 @@
+// Probes: the accounting allocator and memory phases, summary statistics, environment and GPU inventory.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "core/stats.hpp"
+#include "probes/env.hpp"
+#include "probes/gpu.hpp"
+#include "probes/memory.hpp"
+#include "probes/timing.hpp"
+
+using namespace trainscope;
+using namespace trainscope::probes;
+
+TEST(AccountingAllocator, PeakOfAKnownAllocationPattern) {
+  AccountingAllocator::install();
+  const int64_t base = AccountingAllocator::current();
+  AccountingAllocator::reset_peak();
+  {
+    auto a = torch::empty({1000}, torch::kFloat);   // 4000 B
+    auto b = torch::empty({2000}, torch::kFloat);   // 8000 B -> 12000 live
+    EXPECT_EQ(AccountingAllocator::current() - base, 12000);
+    a = torch::Tensor();                             // 8000 live
+    auto c = torch::empty({500}, torch::kDouble);    // 4000 B -> 12000 live again
+    auto d = torch::empty({10}, torch::kBFloat16);   // 20 B -> 12020, the peak
+    EXPECT_EQ(AccountingAllocator::current() - base, 12020);
+  }
+  EXPECT_EQ(AccountingAllocator::peak() - base, 12020);
+  EXPECT_EQ(AccountingAllocator::current(), base);
+}
+
+TEST(MemoryProbe, PhasePeaksAndActivationBytes) {
+  AccountingAllocator::install();
+  RunConfig cfg;
+  RunInfo info;
+  info.config = &cfg;
+  info.device = "cpu";
+  MemoryProbe probe;
+  auto params = torch::empty({256}, torch::kFloat);  // 1 KiB live before the run
+  probe.run_begin(info);
+  StepInfo s{0, true, 1};
+  probe.step_begin(s);
+  {
+    auto act = torch::empty({1024}, torch::kFloat);  // forward keeps 4 KiB of activations
+    probe.forward_end(s);
+    auto grad = torch::empty({2048}, torch::kFloat);  // backward peaks at 4 KiB + 8 KiB
+  }
+  probe.backward_end(s);
+  { auto state = torch::empty({512}, torch::kFloat); }  // optimizer: 2 KiB transient
+  probe.optimizer_end(s);
+  probe.run_end(RunEnd{1, ModelStateBytes{1024, 0, 0, 1024}});
+  const json j = probe.section();
+  const int64_t base = j["baseline_bytes"];
+  EXPECT_EQ(j["phase_peak_bytes"]["forward"].get<int64_t>() - base, 4096);
+  EXPECT_EQ(j["phase_peak_bytes"]["backward"].get<int64_t>() - base, 4096 + 8192);
+  EXPECT_EQ(j["phase_peak_bytes"]["optimizer"].get<int64_t>() - base, 2048);
+  EXPECT_EQ(j["peak_bytes"].get<int64_t>() - base, 4096 + 8192);
+  EXPECT_EQ(j["activation_bytes"].get<int64_t>(), 4096);
+  EXPECT_EQ(j["model_state_difference_bytes"].get<int64_t>(), 0);
+}
+
+TEST(Stats, PercentilesLikeNumpy) {
+  std::vector<double> v;
+  for (int i = 100; i >= 1; --i) v.push_back(i);  // unsorted input
+  const Summary s = summarize(v);
+  EXPECT_EQ(s.count, 100);
+  EXPECT_DOUBLE_EQ(s.p50, 50.5);
+  EXPECT_NEAR(s.p90, 90.1, 1e-9);
+  EXPECT_NEAR(s.p99, 99.01, 1e-9);
+  EXPECT_DOUBLE_EQ(s.mean, 50.5);
+  EXPECT_NEAR(s.stdev, 29.011491975882016, 1e-9);  // sample stdev (n-1)
+  EXPECT_EQ(summarize({}).count, 0);
+  EXPECT_DOUBLE_EQ(summarize({3.0}).p99, 3.0);
+}
+
+TEST(Timing, GemmPeakIsPositiveAndComputeDtypeFollowsPrecision) {
+  EXPECT_EQ(compute_dtype("bf16-mixed"), "bf16");
+  EXPECT_EQ(compute_dtype("32-true"), "fp32");
+  EXPECT_GT(measure_gemm_peak("cpu", "fp32", 1), 1e8);  // even the reference BLAS does 0.1 GFLOP/s
+}
+
+TEST(Env, InventoryNamesTheBlasAndAgreesWithTorchOnGpus) {
+  const json env = collect_env();
+  for (const char* k : {"host", "cpu", "memory_bytes", "os", "compiler", "torch", "blas", "cuda", "gpus"})
+    EXPECT_TRUE(env.contains(k)) << k;
+  EXPECT_FALSE(env["blas"]["path"].is_null());  // torch has mapped some BLAS by now
+  EXPECT_NE(env["blas"]["name"], "unknown");
+  EXPECT_GT(env["memory_bytes"].get<int64_t>(), 0);
+  const json gpu = gpu_inventory();
+  EXPECT_EQ(gpu["device_count"].get<int64_t>() > 0, torch::cuda::is_available());
+  if (!torch::cuda::is_available()) {
+    EXPECT_EQ(gpu["devices"].size(), 0u);
+    EXPECT_NE(gpu["status"].get<std::string>().find("no device"), std::string::npos)
+        << gpu["status"].get<std::string>();
+  }
+}
+
+TEST(Env, ThreadsAreSetExplicitly) {
+  EXPECT_EQ(configure_threads(1), 1);
+  EXPECT_EQ(configure_threads(0), static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+}

@@ -1,0 +1,128 @@
+// The report: atomic write and strict read, summary table, recommendations.
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "test_paths.hpp"
+
+#include "core/errors.hpp"
+#include "reports/report.hpp"
+
+using namespace trainscope;
+using namespace trainscope::reports;
+
+namespace {
+
+std::string tmp(const std::string& name) {
+  const std::string dir = std::string(test::kScratchDir) + "/report";
+  std::system(("mkdir -p " + dir).c_str());
+  return dir + "/" + name;
+}
+
+json cell(const std::string& model, const std::string& precision, double p50, double loss, double acc) {
+  json config = RunConfig{}.to_json();
+  config["model"] = model;
+  config["precision"] = precision;
+  return json{{"name", model + "/" + precision},
+              {"config", config},
+              {"status", "ok"},
+              {"reason", ""},
+              {"emulated", false},
+              {"metrics",
+               {{"timing", {{"step_time_s", {{"p50", p50}}}, {"samples_per_s", 64 / p50}, {"tokens_per_s", nullptr}}},
+                {"memory", {{"peak_bytes", 1 << 20}}},
+                {"quality", {{"final_loss", loss}, {"accuracy", acc}}}}}};
+}
+
+json env_with_blas(bool reference) {
+  return json{{"blas", {{"name", reference ? "reference BLAS (netlib)" : "OpenBLAS (openmp)"},
+                        {"path", "/usr/lib/x/libblas.so.3"},
+                        {"reference", reference}}}};
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Report, RoundTripThroughAnAtomicWrite) {
+  const json r = make_report(env_with_blas(false), json{{"name", "t"}}, {cell("mlp", "32-true", 0.01, 0.5, 0.8)});
+  const std::string path = tmp("report.json");
+  write_json_atomic(path, r);
+  const json back = read_report(path);
+  EXPECT_EQ(back, r);
+  EXPECT_EQ(back["schema"], "trainscope.report/1");
+  EXPECT_EQ(read_report(tmp("")), r);  // a folder works too
+  std::ifstream leftovers(path + ".tmp." + std::to_string(getpid()));
+  EXPECT_FALSE(leftovers.good());
+}
+
+TEST(Report, CorruptOrForeignReportsAreOneLineErrors) {
+  auto write = [](const std::string& name, const std::string& text) {
+    std::ofstream(tmp(name)) << text;
+    return tmp(name);
+  };
+  EXPECT_NE(error_of([&] { read_report(write("trunc.json", "{\"schema\": \"trainscope.rep")); }).find("not valid JSON"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { read_report(write("other.json", "{\"a\": 1}")); }).find("not a trainscope report"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { read_report(write("v9.json", "{\"schema\": \"trainscope.report/9\"}")); })
+                .find("not supported"),
+            std::string::npos);
+  json r = make_report(json::object(), json::object(), {});
+  r.erase("cells");
+  EXPECT_NE(error_of([&] { read_report(write("nocells.json", r.dump())); }).find("lacks \"cells\""), std::string::npos);
+  EXPECT_NE(error_of([&] { read_report(tmp("missing.json")); }).find("cannot read"), std::string::npos);
+}
+
+TEST(Report, SummaryShowsSpeedupAgainstTheFp32Sibling) {
+  const json r = make_report(env_with_blas(false), json::object(),
+                             {cell("mlp", "32-true", 0.010, 0.50, 0.85), cell("mlp", "bf16-mixed", 0.004, 0.501, 0.848)});
+  const std::string s = render_summary(r);
+  EXPECT_NE(s.find("2.50x"), std::string::npos) << s;
+  EXPECT_NE(s.find("1.00x"), std::string::npos) << s;
+  EXPECT_NE(s.find("85.0%"), std::string::npos) << s;
+  EXPECT_NE(s.find("0.5010"), std::string::npos) << s;
+}
+
+TEST(Recommendations, Bf16RulesCiteTheirNumbers) {
+  const json fast = recommend(make_report(env_with_blas(false), json::object(),
+                                          {cell("mlp", "32-true", 0.010, 0.50, 0.85),
+                                           cell("mlp", "bf16-mixed", 0.004, 0.501, 0.848)}));
+  ASSERT_EQ(fast.size(), 1u);
+  EXPECT_EQ(fast[0]["id"], "precision.use-bf16-mixed");
+  EXPECT_NEAR(fast[0]["evidence"]["speedup"].get<double>(), 2.5, 1e-9);
+  EXPECT_EQ(fast[0]["cells"], json({"mlp/32-true", "mlp/bf16-mixed"}));
+  EXPECT_NE(fast[0]["text"].get<std::string>().find("2.50x"), std::string::npos);
+
+  const json drift = recommend(make_report(env_with_blas(false), json::object(),
+                                           {cell("mlp", "32-true", 0.010, 0.50, 0.85),
+                                            cell("mlp", "bf16-mixed", 0.004, 0.70, 0.70)}));
+  ASSERT_EQ(drift.size(), 1u);
+  EXPECT_EQ(drift[0]["id"], "precision.bf16-drifts");
+  EXPECT_EQ(drift[0]["severity"], "warn");
+
+  const json slow = recommend(make_report(env_with_blas(false), json::object(),
+                                          {cell("mlp", "32-true", 0.010, 0.50, 0.85),
+                                           cell("mlp", "bf16-mixed", 0.0105, 0.50, 0.85)}));
+  ASSERT_EQ(slow.size(), 1u);
+  EXPECT_EQ(slow[0]["id"], "precision.keep-fp32");
+}
+
+TEST(Recommendations, ReferenceBlasAndFailedCells) {
+  json bad = cell("mlp", "32-true", 0.01, 0.5, 0.8);
+  bad["status"] = "timeout";
+  bad["reason"] = "timed out after 5 s";
+  const json recs = recommend(make_report(env_with_blas(true), json::object(), {bad}));
+  ASSERT_EQ(recs.size(), 2u);
+  EXPECT_EQ(recs[0]["id"], "env.reference-blas");
+  EXPECT_EQ(recs[1]["id"], "run.cells-failed");
+  EXPECT_EQ(recs[1]["severity"], "critical");
+  EXPECT_NE(recs[1]["text"].get<std::string>().find("timed out after 5 s"), std::string::npos);
+}

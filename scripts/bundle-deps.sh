@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Makes a folder of the header-only and small dependencies (plus Fashion-MNIST) from Debian's
+# packages, for a GPU node that has no network: download and unpack, no install, no root needed.
+#
+#   scripts/bundle-deps.sh [DEPS_DIR]      # default ./deps; then copy it to the GPU node
+#   DEPS_DIR=/path/to/deps scripts/build-cuda.sh
+set -euo pipefail
+
+deps_dir=$(realpath -m "${1:-${DEPS_DIR:-deps}}")
+packages=(nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libtomlplusplus3 zlib1g-dev zlib1g
+          dataset-fashion-mnist)
+
+mkdir -p "$deps_dir/debs"
+cd "$deps_dir/debs"
+if ! apt-get download "${packages[@]}" 2>/tmp/bundle-deps.err; then
+  echo "bundle-deps: apt-get download failed ($(tail -n1 /tmp/bundle-deps.err)); run 'apt-get update' first" >&2
+  exit 1
+fi
+for deb in ./*.deb; do dpkg-deb -x "$deb" "$deps_dir"; done
+# zlib's development symlink points at an absolute /lib path on some releases: make it relative.
+for so in "$deps_dir"/usr/lib/*/libz.so; do
+  [ -L "$so" ] && ln -sf "$(basename "$(readlink "$so")")" "$so"
+done
+echo "bundle-deps: ${#packages[@]} packages unpacked into $deps_dir ($(du -sh "$deps_dir" | cut -f1))"

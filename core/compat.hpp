@@ -22,6 +22,16 @@
 
 namespace trainscope::compat {
 
+// The fused AMP ops (_amp_foreach_non_finite_check_and_unscale_, _amp_update_scale_) have CPU kernels
+// from 2.4 on; 1.13 has them for CUDA only.
+inline bool amp_kernels_on(c10::DeviceType d) {
+#if TRAINSCOPE_TORCH_AT_LEAST(2, 4)
+  return d == c10::DeviceType::CPU || d == c10::DeviceType::CUDA;
+#else
+  return d == c10::DeviceType::CUDA;
+#endif
+}
+
 inline bool autocast_enabled(c10::DeviceType d) {
 #if TRAINSCOPE_TORCH_AT_LEAST(2, 4)
   return at::autocast::is_autocast_enabled(d);

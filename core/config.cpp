@@ -32,8 +32,9 @@ const std::vector<KeySpec>& config_keys() {
        "mlp", "reference model preset (trainscope list shows sizes)"},
       {"data", KeyKind::Choice, {"auto", "fashion-mnist", "synthetic-images", "synthetic-tokens"},
        "auto", "data source; auto: Fashion-MNIST for MLP/CNN, synthetic tokens for GPT"},
-      {"precision", KeyKind::Choice, {"32-true", "tf32", "bf16-mixed"}, "32-true",
-       "numeric precision (Lightning's names)"},
+      {"precision", KeyKind::Choice,
+       {"32-true", "tf32", "bf16-mixed", "16-mixed", "16-mixed-noscale", "bf16-true"}, "32-true",
+       "numeric precision (Lightning's names; 16-mixed is emulated on CPU)"},
       {"parallel", KeyKind::Choice, {"single"}, "single", "parallel strategy"},
       {"world_size", KeyKind::Int, {}, 1, "number of ranks", 1},
       {"checkpoint", KeyKind::Choice, {"none"}, "none", "activation checkpointing policy"},
@@ -41,6 +42,16 @@ const std::vector<KeySpec>& config_keys() {
       {"optimizer", KeyKind::Choice, {"adamw", "sgd"}, "adamw", "optimizer (sgd uses momentum 0.9)"},
       {"lr", KeyKind::Float, {}, 1e-3, "learning rate", 0},
       {"weight_decay", KeyKind::Float, {}, 0.0, "decoupled weight decay", 0},
+      {"lr_schedule", KeyKind::Choice, {"constant", "cosine"}, "constant",
+       "learning-rate schedule over the applied optimizer steps (skipped steps do not advance it)"},
+      {"grad_clip", KeyKind::Float, {}, 0.0, "clip the global gradient norm to this (unscaled); 0: off", 0},
+      {"scaler_init", KeyKind::Float, {}, 65536.0, "16-mixed: initial loss scale", 0},
+      {"scaler_growth", KeyKind::Float, {}, 2.0, "16-mixed: scale growth factor", 1},
+      {"scaler_backoff", KeyKind::Float, {}, 0.5, "16-mixed: scale backoff factor on inf/NaN", 0},
+      {"scaler_interval", KeyKind::Int, {}, 2000, "16-mixed: clean steps before the scale grows", 1},
+      {"loss_multiplier", KeyKind::Float, {}, 1.0,
+       "stress knob: backward runs on loss x this (every gradient scaled), the report keeps the true loss", 0},
+      {"overflow_every", KeyKind::Int, {}, 10, "sample per-block fp16 range statistics every k steps; 0: off", 0},
       {"batch_size", KeyKind::Int, {}, 64, "samples per optimizer step", 1},
       {"steps", KeyKind::Int, {}, 100, "measured optimizer steps (after warm-up)", 1},
       {"warmup_steps", KeyKind::Int, {}, 5, "steps run before measuring", 0},
@@ -136,44 +147,51 @@ json parse_value(const std::string& key, const std::string& text) {
   throw UsageError("bad value for '" + key + "'");
 }
 
+// Binds every key of config_keys() to its RunConfig field, once, for both directions.
+template <typename Config, typename Visit>
+static void for_each_field(Config& c, Visit&& v) {
+  v("model", c.model);
+  v("data", c.data);
+  v("precision", c.precision);
+  v("parallel", c.parallel);
+  v("world_size", c.world_size);
+  v("checkpoint", c.checkpoint);
+  v("method", c.method);
+  v("optimizer", c.optimizer);
+  v("lr", c.lr);
+  v("weight_decay", c.weight_decay);
+  v("lr_schedule", c.lr_schedule);
+  v("grad_clip", c.grad_clip);
+  v("scaler_init", c.scaler_init);
+  v("scaler_growth", c.scaler_growth);
+  v("scaler_backoff", c.scaler_backoff);
+  v("scaler_interval", c.scaler_interval);
+  v("loss_multiplier", c.loss_multiplier);
+  v("overflow_every", c.overflow_every);
+  v("batch_size", c.batch_size);
+  v("steps", c.steps);
+  v("warmup_steps", c.warmup_steps);
+  v("seed", c.seed);
+  v("device", c.device);
+  v("threads", c.threads);
+  v("timeout_s", c.timeout_s);
+  v("log_every", c.log_every);
+  v("eval", c.eval);
+  v("inject", c.inject);
+}
+
 json RunConfig::to_json() const {
-  return json{{"model", model},         {"data", data},
-              {"precision", precision}, {"parallel", parallel},
-              {"world_size", world_size}, {"checkpoint", checkpoint},
-              {"method", method},       {"optimizer", optimizer},
-              {"lr", lr},               {"weight_decay", weight_decay},
-              {"batch_size", batch_size}, {"steps", steps},
-              {"warmup_steps", warmup_steps}, {"seed", seed},
-              {"device", device},       {"threads", threads},
-              {"timeout_s", timeout_s}, {"log_every", log_every},
-              {"eval", eval},           {"inject", inject}};
+  json j = json::object();
+  for_each_field(*this, [&](const char* key, const auto& field) { j[key] = field; });
+  return j;
 }
 
 RunConfig RunConfig::from_json(const json& j) {
   if (!j.is_object()) throw UsageError("a run configuration must be a table of key = value");
-  json merged = RunConfig{}.to_json();
-  for (auto it = j.begin(); it != j.end(); ++it) merged[it.key()] = validate_value(it.key(), it.value());
   RunConfig c;
-  c.model = merged["model"];
-  c.data = merged["data"];
-  c.precision = merged["precision"];
-  c.parallel = merged["parallel"];
-  c.world_size = merged["world_size"];
-  c.checkpoint = merged["checkpoint"];
-  c.method = merged["method"];
-  c.optimizer = merged["optimizer"];
-  c.lr = merged["lr"];
-  c.weight_decay = merged["weight_decay"];
-  c.batch_size = merged["batch_size"];
-  c.steps = merged["steps"];
-  c.warmup_steps = merged["warmup_steps"];
-  c.seed = merged["seed"];
-  c.device = merged["device"];
-  c.threads = merged["threads"];
-  c.timeout_s = merged["timeout_s"];
-  c.log_every = merged["log_every"];
-  c.eval = merged["eval"];
-  c.inject = merged["inject"];
+  json merged = c.to_json();
+  for (auto it = j.begin(); it != j.end(); ++it) merged[it.key()] = validate_value(it.key(), it.value());
+  for_each_field(c, [&](const char* key, auto& field) { merged.at(key).get_to(field); });
   return c;
 }
 

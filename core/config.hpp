@@ -44,6 +44,12 @@ struct RunConfig {
   std::string optimizer = "adamw";
   double lr = 1e-3;
   double weight_decay = 0.0;
+  std::string lr_schedule = "constant";
+  double grad_clip = 0.0;
+  double scaler_init = 65536.0, scaler_growth = 2.0, scaler_backoff = 0.5;
+  int64_t scaler_interval = 2000;
+  double loss_multiplier = 1.0;
+  int64_t overflow_every = 10;
   int64_t batch_size = 64;
   int64_t steps = 100;
   int64_t warmup_steps = 5;

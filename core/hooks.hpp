@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
+
 #include "core/config.hpp"
 
 namespace trainscope {
@@ -28,6 +30,21 @@ struct StepInfo {
   int64_t step = 0;         // 0-based, warm-up steps included
   bool measured = false;    // false during warm-up
   int64_t samples = 0;      // samples in this step (global)
+  // Filled for step_end:
+  at::Tensor loss;               // the true loss (device tensor, not synchronised)
+  double loss_scale = 0;         // the scale this step used; 0 without a scaler
+  bool grads_nonfinite = false;  // some gradient was inf/NaN (checked where a scaler or fp16 runs)
+  bool skipped = false;          // the optimizer step was skipped (scaler found inf/NaN)
+};
+
+// Sees the tensors at the model's block boundaries: activations on the way forward and the gradients
+// arriving at them on the way back, on the steps it asks for.
+class BlockObserver {
+ public:
+  virtual ~BlockObserver() = default;
+  virtual bool wants(int64_t step) const = 0;
+  virtual void activation(int64_t step, const std::string& block, const at::Tensor& x) = 0;
+  virtual void gradient(int64_t step, const std::string& block, const at::Tensor& g) = 0;
 };
 
 // Model-state bytes (DESIGN.md's memory definition), measured from the live tensors.
@@ -53,6 +70,7 @@ class Probe {
   virtual void step_end(const StepInfo&) {}
   virtual void run_end(const RunEnd&) {}
   virtual json section() const = 0;
+  virtual BlockObserver* block_observer() { return nullptr; }
 };
 
 // Fans every hook out to a list of probes, in order.
@@ -60,6 +78,12 @@ class Hooks {
  public:
   void add(std::shared_ptr<Probe> p) { probes_.push_back(std::move(p)); }
   const std::vector<std::shared_ptr<Probe>>& probes() const { return probes_; }
+  std::vector<BlockObserver*> block_observers() const {
+    std::vector<BlockObserver*> out;
+    for (const auto& p : probes_)
+      if (auto* o = p->block_observer()) out.push_back(o);
+    return out;
+  }
   void run_begin(const RunInfo& r) { for (auto& p : probes_) p->run_begin(r); }
   void step_begin(const StepInfo& s) { for (auto& p : probes_) p->step_begin(s); }
   void forward_end(const StepInfo& s) { for (auto& p : probes_) p->forward_end(s); }

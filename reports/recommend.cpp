@@ -1,5 +1,6 @@
 // Recommendations: rules over a report. Each cites the measured numbers and the cells it rests on.
 #include <cmath>
+#include <set>
 
 #include "core/units.hpp"
 #include "reports/report.hpp"
@@ -97,6 +98,92 @@ json recommend(const json& report) {
                         model + ": bf16-mixed matches fp32 (" + quality + ") but is only " +
                             format_fixed(speedup, 2) + "x its speed here: no gain from switching on this device",
                         evidence, cells));
+  }
+  // fp16 with the scaler: how often it skipped and where the scale settled.
+  for (const auto& c : report["cells"]) {
+    if (c["config"].value("precision", "") != "16-mixed" || !c.contains("metrics")) continue;
+    const json& o = c["metrics"].value("overflow", json::object());
+    if (o.empty() || o["scale_trajectory"].is_null()) continue;
+    const int64_t skipped = o.value("skipped_steps", 0), steps = o.value("steps", 0);
+    const double final_scale = o.value("final_scale", 0.0), min_scale = o.value("min_scale", 0.0);
+    const bool collapsed = o.value("scale_collapsed", false);
+    const std::string where = c["name"].get<std::string>();
+    std::string text = where + ": 16-mixed skipped " + std::to_string(skipped) + " of " + std::to_string(steps) +
+                       " steps; the loss scale settled at 2^" + format_fixed(std::log2(final_scale), 0) +
+                       " after " + std::to_string(o.value("scale_settled_step", 0)) + " steps";
+    if (!o["first_overflow_step"].is_null())
+      text += " (first overflow at step " + std::to_string(o["first_overflow_step"].get<int64_t>()) + ")";
+    if (collapsed) text += "; the scale fell to 2^" + format_fixed(std::log2(min_scale), 0) +
+                           ": gradients overflow fp16 even unscaled, prefer bf16";
+    json evidence{{"skipped_steps", skipped}, {"steps", steps}, {"final_scale", final_scale},
+                  {"min_scale", min_scale}, {"scale_settled_step", o["scale_settled_step"]},
+                  {"first_overflow_step", o["first_overflow_step"]}, {"scale_collapsed", collapsed}};
+    if (skipped > 0 || collapsed)
+      out.push_back(rec("precision.fp16-loss-scaling", collapsed ? "warn" : "info", text, evidence, {c["name"]}));
+  }
+
+  // fp16 without a scaler that blew up, with the blocks that left fp16's range.
+  for (const auto& c : report["cells"]) {
+    if (c["config"].value("precision", "") != "16-mixed-noscale" || c["status"] != "diverged") continue;
+    const json o = c.contains("metrics") ? c["metrics"].value("overflow", json::object()) : json::object();
+    std::string blocks;
+    for (const auto& b : o.value("overflow_blocks", json::array())) blocks += (blocks.empty() ? "" : ", ") + b.get<std::string>();
+    const json first = c.contains("metrics") ? c["metrics"]["quality"].value("first_nonfinite_step", json()) : json();
+    std::string text = c["name"].get<std::string>() + ": fp16 without loss scaling diverged";
+    if (first.is_number()) text += " at step " + std::to_string(first.get<int64_t>());
+    if (!blocks.empty()) text += "; values of " + blocks + " exceeded fp16's range (65504)";
+    text += ": use 16-mixed with the scaler, or bf16";
+    out.push_back(rec("precision.fp16-noscale-diverged", "critical", text,
+                      {{"first_nonfinite_step", first}, {"overflow_blocks", o.value("overflow_blocks", json::array())},
+                       {"first_overflow_step", o.value("first_overflow_step", json())}},
+                      {c["name"]}));
+  }
+
+  // Gradients that fp16 cannot represent without scaling: read from cells whose gradients are unscaled.
+  std::set<std::string> models_seen;
+  for (const auto& c : report["cells"]) {
+    const std::string prec = c["config"].value("precision", "");
+    if ((prec != "32-true" && prec != "16-mixed-noscale") || c["status"] != "ok" || !c.contains("metrics")) continue;
+    if (c["config"].value("loss_multiplier", 1.0) != 1.0) continue;
+    const std::string model = c["config"].value("model", "?");
+    if (models_seen.count(model)) continue;
+    const json o = c["metrics"].value("overflow", json::object());
+    std::string worst;
+    double frac = 0;
+    for (const auto& l : o.value("layers", json::array()))
+      if (l["gradient"].is_object() && l["gradient"]["frac_below_fp16_normal"].get<double>() > frac) {
+        frac = l["gradient"]["frac_below_fp16_normal"].get<double>();
+        worst = l["block"].get<std::string>();
+      }
+    if (frac < 0.01) continue;
+    models_seen.insert(model);
+    out.push_back(rec("precision.fp16-underflow", "warn",
+                      model + ": " + format_fixed(100 * frac, 1) + "% of the gradients of " + worst +
+                          " are below fp16's normal range (6.1e-5) unscaled: in fp16 keep the loss scaler, or use bf16",
+                      {{"block", worst}, {"frac_below_fp16_normal", frac}, {"threshold", 0.01}}, {c["name"]}));
+  }
+
+  // Any other mode whose numerics drift from fp32 (bf16-mixed has its own rule above).
+  for (const auto& c : report["cells"]) {
+    if (!c.contains("numerics") || c["config"].value("precision", "") == "bf16-mixed") continue;
+    if (c["numerics"].value("verdict", "") != "drifts") continue;
+    const json& n = c["numerics"];
+    out.push_back(rec("precision.drifts", "warn",
+                      c["name"].get<std::string>() + ": final loss " +
+                          format_fixed(100 * n["final_loss_rel_diff"].get<double>(), 1) + "% from fp32, largest deviation " +
+                          format_fixed(100 * n["max_curve_rel_dev"].get<double>(), 1) + "% along the curve",
+                      n, {c["name"], n["reference"]}));
+  }
+
+  // A GPU without bf16: the fast option is fp16 with the scaler.
+  for (const auto& c : report["cells"]) {
+    if (c["status"] != "skipped" || c["config"].value("precision", "").rfind("bf16", 0) != 0) continue;
+    if (c.value("reason", "").find("compute capability") == std::string::npos) continue;
+    out.push_back(rec("precision.no-bf16", "info",
+                      "this GPU has no bf16 (" + c["reason"].get<std::string>() +
+                          "): 16-mixed with the loss scaler is the fast option",
+                      {{"reason", c["reason"]}}, {c["name"]}));
+    break;
   }
   return out;
 }

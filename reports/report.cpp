@@ -3,8 +3,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <sys/stat.h>
 
@@ -14,8 +16,52 @@
 
 namespace trainscope::reports {
 
-json make_report(const json& env, const json& suite, const std::vector<json>& cells) {
+json compare_numerics(const json& cell, const json& fp32) {
+  if (fp32.value("status", "") != "ok" || !fp32.contains("metrics")) return nullptr;
+  const std::string status = cell.value("status", "");
+  if (status != "ok" && status != "diverged") return nullptr;
+  json n{{"reference", fp32["name"]},
+         {"thresholds", {{"final_loss_rel", kMatchFinalLoss}, {"curve_rel", kMatchCurve}}}};
+  const json& q = cell.contains("metrics") ? cell["metrics"].value("quality", json::object()) : json::object();
+  const json& q32 = fp32["metrics"]["quality"];
+  const double l32 = q32.value("final_loss", std::nan(""));
+  const double l = q.contains("final_loss") && q["final_loss"].is_number() ? q["final_loss"].get<double>() : std::nan("");
+  if (status == "diverged" || !std::isfinite(l)) {
+    n["verdict"] = "diverged";
+    n["final_loss_rel_diff"] = nullptr;
+    n["max_curve_rel_dev"] = nullptr;
+    return n;
+  }
+  const double final_rel = std::fabs(l - l32) / std::max(1e-12, std::fabs(l32));
+  // The curves log the same steps (same config but precision); compare where both have a value.
+  std::map<int64_t, double> ref;
+  for (const auto& p : q32.value("loss_curve", json::array()))
+    if (p[1].is_number()) ref[p[0].get<int64_t>()] = p[1].get<double>();
+  double max_dev = 0;
+  for (const auto& p : q.value("loss_curve", json::array())) {
+    const auto it = ref.find(p[0].get<int64_t>());
+    if (it == ref.end()) continue;
+    const double v = p[1].is_number() ? p[1].get<double>() : INFINITY;
+    max_dev = std::max(max_dev, std::fabs(v - it->second) / std::max(1e-12, std::fabs(it->second)));
+  }
+  n["final_loss_rel_diff"] = final_rel;
+  n["max_curve_rel_dev"] = max_dev;
+  n["verdict"] = final_rel <= kMatchFinalLoss && max_dev <= kMatchCurve ? "matches" : "drifts";
+  return n;
+}
+
+json make_report(const json& env, const json& suite, const std::vector<json>& cells_in) {
   json r;
+  r["cells"] = cells_in;
+  for (auto& c : r["cells"]) {
+    if (c.contains("config") && c["config"].value("precision", "") == "32-true") continue;
+    if (const json* base = fp32_sibling(r, c)) {
+      const json n = compare_numerics(c, *base);
+      if (!n.is_null()) c["numerics"] = n;
+    }
+  }
+  const json cells = r["cells"];
+  r = json();
   r["schema"] = kSchema;
   r["trainscope"] = {{"version", version()}, {"commit", commit()}};
   r["created"] = utc_now();

@@ -25,6 +25,13 @@ json read_report(const std::string& path_or_dir);
 // The cell of the same configuration in 32-true, if the report has it (for speed-ups).
 const json* fp32_sibling(const json& report, const json& cell);
 
+// Numerics of a cell against its 32-true sibling: relative final-loss difference, the largest
+// relative deviation along the loss curve, and a verdict matches | drifts | diverged, with the
+// thresholds. Null when there is no comparable sibling.
+json compare_numerics(const json& cell, const json& fp32);
+inline constexpr double kMatchFinalLoss = 0.02;  // relative
+inline constexpr double kMatchCurve = 0.10;      // relative, at any logged step
+
 // The terminal table: cell, status, step p50, throughput, peak memory, loss/accuracy, speed-up.
 std::string render_summary(const json& report);
 

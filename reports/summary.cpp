@@ -71,6 +71,10 @@ std::string render_summary(const json& report) {
   line(rule);
   for (const auto& r : rows) line(r);
   for (const auto& c : report["cells"])
+    if (c.value("emulated", false))
+      out << "  " << c["name"].get<std::string>()
+          << ": emulated (fp16 rounded in software on this device): its numerics are fp16's, its speed is not\n";
+  for (const auto& c : report["cells"])
     if (c.contains("reason") && c["reason"].is_string() && !c["reason"].get<std::string>().empty())
       out << "  " << c["name"].get<std::string>() << ": " << c["status"].get<std::string>() << ": "
           << c["reason"].get<std::string>() << "\n";

@@ -8,6 +8,7 @@
 #include "probes/env.hpp"
 #include "probes/gpu.hpp"
 #include "probes/memory.hpp"
+#include "probes/overflow.hpp"
 #include "probes/timing.hpp"
 #include "reports/report.hpp"
 #include "suites/train.hpp"
@@ -58,6 +59,7 @@ int cell_main(const std::string& spec_path, const std::string& result_path) {
     Hooks hooks;
     hooks.add(timing);  // first: its GEMM-peak measurement must happen before memory's baseline
     hooks.add(memory);
+    hooks.add(std::make_shared<probes::OverflowProbe>(config.overflow_every));
     if (device.rfind("cuda", 0) == 0)
       if (auto nvtx = probes::make_nvtx_probe()) hooks.add(nvtx);
 
@@ -65,6 +67,7 @@ int cell_main(const std::string& spec_path, const std::string& result_path) {
     const suites::TrainOutcome outcome = suites::train(trainer, config, hooks, info);
 
     json cell = cell_without_metrics(name, config.to_json(), device, outcome.status, outcome.reason);
+    cell["emulated"] = trainer.mode().emulated;
     cell["threads"] = threads;
     cell["model"] = {{"preset", info.model_name},
                      {"parameters", info.parameters},

@@ -63,7 +63,9 @@ class Mlp : public ReferenceModel {
     torch::Tensor h = x.flatten(1);
     for (size_t i = 0; i < layers_.size(); ++i) {
       h = layers_[i]->forward(h);
-      if (i + 1 < layers_.size()) h = torch::relu(h);
+      const bool last = i + 1 == layers_.size();
+      if (!last) h = torch::relu(h);
+      h = boundary(last ? "head" : "fc" + std::to_string(i), h);
     }
     return h;
   }
@@ -152,9 +154,9 @@ class Cnn : public ReferenceModel {
     head_params_ = in * s.classes + s.classes;
   }
   torch::Tensor forward(const torch::Tensor& x) override {
-    torch::Tensor h = torch::relu(stem_bn_->forward(stem_->forward(x)));
-    for (auto& b : blocks_) h = b->forward(h);
-    return head_->forward(h.mean({2, 3}));
+    torch::Tensor h = boundary("stem", torch::relu(stem_bn_->forward(stem_->forward(x))));
+    for (size_t i = 0; i < blocks_.size(); ++i) h = boundary("block" + std::to_string(i), blocks_[i]->forward(h));
+    return boundary("head", head_->forward(h.mean({2, 3})));
   }
   int64_t analytic_parameters() const override { return led_.params + head_params_; }
   double training_flops_per_sample() const override { return 6.0 * (led_.macs + head_macs_); }
@@ -219,10 +221,10 @@ class Gpt : public ReferenceModel {
   torch::Tensor forward(const torch::Tensor& tokens) override {
     const int64_t S = tokens.size(1);
     auto pos = torch::arange(S, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
-    torch::Tensor h = tok_->forward(tokens) + pos_->forward(pos).unsqueeze(0);
-    for (auto& b : blocks_) h = b->forward(h);
+    torch::Tensor h = boundary("embed", tok_->forward(tokens) + pos_->forward(pos).unsqueeze(0));
+    for (size_t i = 0; i < blocks_.size(); ++i) h = boundary("block" + std::to_string(i), blocks_[i]->forward(h));
     // The LM head is tied to the token embedding (GPT-2), so gpt-125m has GPT-2 small's 124M.
-    return torch::nn::functional::linear(ln_f_->forward(h), tok_->weight);
+    return boundary("head", torch::nn::functional::linear(ln_f_->forward(h), tok_->weight));
   }
   int64_t analytic_parameters() const override {
     const int64_t D = p_.width, L = p_.layers;

@@ -5,6 +5,7 @@
 // DESIGN.md defines them: matmul/conv FLOPs only (2 per multiply-add), times 3 for training; the
 // transformer uses 6·N + 6·L·H·Dh·S per token (DESIGN.md, torchtitan's convention), N being every
 // parameter but the position embedding.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +47,19 @@ class ReferenceModel : public torch::nn::Module {
   virtual double training_flops_per_sample() const = 0;
   virtual int64_t tokens_per_sample() const { return 0; }
   bool classifies() const { return tokens_per_sample() == 0; }
+
+  // Called with every block's output ("fc0", "block3", "head", ...) during forward; the training
+  // loop uses it for fp16 emulation and to let probes observe activations and gradients.
+  using Boundary = std::function<torch::Tensor(const std::string& block, torch::Tensor x)>;
+  void set_boundary(Boundary b) { boundary_ = std::move(b); }
+
+ protected:
+  torch::Tensor boundary(const std::string& block, torch::Tensor x) {
+    return boundary_ ? boundary_(block, std::move(x)) : x;
+  }
+
+ private:
+  Boundary boundary_;
 };
 
 std::shared_ptr<ReferenceModel> make_model(const ModelPreset& preset, const DataShape& shape);

@@ -107,8 +107,20 @@ Suite parse_suite(const std::string& text, const std::string& origin) {
           s.when.push_back({axis, v, settings_table(as_table(*settings, at + "." + value), at + "." + value)});
         }
       }
+    } else if (key == "cells") {
+      const toml::array* arr = node->as_array();
+      if (!arr || !arr->is_array_of_tables()) throw UsageError(where + ": expected [[cells]] tables");
+      for (size_t i = 0; i < arr->size(); ++i) {
+        const std::string at = where + "[" + std::to_string(i) + "]";
+        toml::table t = *arr->get(i)->as_table();
+        const auto* n = t.get_as<std::string>("name");
+        if (!n || n->get().empty()) throw UsageError(at + ": a cell needs a name");
+        const std::string cell_name = n->get();
+        t.erase("name");
+        s.extra_cells.emplace_back(cell_name, settings_table(t, at));
+      }
     } else {
-      throw UsageError(where + ": unknown key (allowed: name, description, base, axes, when)");
+      throw UsageError(where + ": unknown key (allowed: name, description, base, axes, when, cells)");
     }
   }
   if (s.name.empty()) throw UsageError(origin + ": missing 'name'");
@@ -143,6 +155,7 @@ void apply_override(Suite& suite, const std::string& key, const json& value) {
   if (it != suite.axes.end()) it->values = {v};
   // An override beats `when` rules too: drop their settings of this key.
   for (auto& w : suite.when) w.settings.erase(key);
+  for (auto& [name, settings] : suite.extra_cells) settings.erase(key);
   suite.base[key] = v;
 }
 
@@ -173,6 +186,11 @@ std::vector<Cell> expand(const Suite& suite, const std::string& filter) {
     while (i > 0 && ++at[i - 1] == suite.axes[i - 1].values.size()) at[--i] = 0;
     if (i == 0) break;
   }
+  for (const auto& [name, settings] : suite.extra_cells) {
+    json cfg = suite.base;
+    for (auto it = settings.begin(); it != settings.end(); ++it) cfg[it.key()] = it.value();
+    if (std::regex_search(name, re)) cells.push_back({name, RunConfig::from_json(cfg)});
+  }
   return cells;
 }
 
@@ -181,8 +199,10 @@ json suite_to_json(const Suite& suite) {
   for (const auto& a : suite.axes) axes[a.key] = a.values;
   json when = json::array();
   for (const auto& w : suite.when) when.push_back({{"axis", w.key}, {"value", w.value}, {"settings", w.settings}});
+  json extra = json::array();
+  for (const auto& [name, settings] : suite.extra_cells) extra.push_back({{"name", name}, {"settings", settings}});
   return json{{"name", suite.name}, {"description", suite.description}, {"source", suite.source},
-              {"base", suite.base}, {"axes", axes}, {"when", when}};
+              {"base", suite.base}, {"axes", axes}, {"when", when}, {"cells", extra}};
 }
 
 }  // namespace trainscope::suites

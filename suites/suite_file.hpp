@@ -10,6 +10,9 @@
 //   precision = ["32-true", "bf16-mixed"]
 //   [when.model.gpt-tiny]        # settings for the cells whose axis `model` is `gpt-tiny`
 //   batch_size = 32
+//   [[cells]]                    # extra cells beside the matrix: a name and settings over [base]
+//   name = "mlp/16-mixed/stress"
+//   precision = "16-mixed"
 #include <string>
 #include <vector>
 
@@ -33,6 +36,7 @@ struct Suite {
   json base = json::object();
   std::vector<Axis> axes;
   std::vector<WhenRule> when;
+  std::vector<std::pair<std::string, json>> extra_cells;  // name, settings over the base
 };
 
 struct Cell {

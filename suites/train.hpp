@@ -9,6 +9,7 @@
 #include "core/hooks.hpp"
 #include "suites/data.hpp"
 #include "suites/models.hpp"
+#include "suites/precision.hpp"
 
 namespace trainscope::suites {
 
@@ -37,15 +38,27 @@ class Trainer {
   std::optional<double> evaluate();
   ModelStateBytes model_state() const;
   ReferenceModel& model() { return *model_; }
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  const PrecisionMode& mode() const { return mode_; }
+  GradScaler* scaler() { return scaler_.get(); }
+  int64_t applied_steps() const { return applied_steps_; }
 
  private:
+  torch::Tensor boundary(const std::string& block, torch::Tensor x);
+  void set_lr(double lr);
+
   RunConfig config_;
   torch::Device device_;
   ModelPreset preset_;
+  PrecisionMode mode_;
   std::unique_ptr<DataSource> data_;
   std::shared_ptr<ReferenceModel> model_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  bool autocast_ = false;
+  std::unique_ptr<GradScaler> scaler_;
+  std::unique_ptr<Fp16WeightRounding> weight_rounding_;
+  std::vector<BlockObserver*> observers_;  // set per step from the hooks
+  int64_t current_step_ = -1;              // -1 outside training steps (evaluation)
+  int64_t applied_steps_ = 0;              // optimizer steps taken (skipped ones not counted)
 };
 
 // Runs warm-up + measured steps with the hooks, then evaluates. A loss that turns non-finite and

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -80,12 +81,12 @@ TEST(Cli, BadArgumentsAreOneLineErrorsWithExit2) {
   const std::string malformed = write("malformed.toml", "name = 'x'\n[axes\nmodel = ['mlp']\n");
   const std::string unknown_key = write("unknown-key.toml", "name = 'x'\n[base]\nbatchsize = 8\n");
   const std::vector<Case> cases = {
-      {"run --set precision=fp16", "unknown precision 'fp16' (allowed: 32-true, tf32, bf16-mixed)"},
+      {"run --set precision=fp16", "unknown precision 'fp16' (allowed: 32-true, tf32, bf16-mixed, 16-mixed"},
       {"run --set stepz=3", "unknown key 'stepz' (allowed: model, data, precision"},
       {"run --steps ten", "bad value 'ten' for 'steps': expected a number"},
       {"run --device gpu", "unknown device 'gpu' (allowed: auto, cpu, cuda, cuda:<index>)"},
       {"run --set steps", "--set expects key=value"},
-      {"run --suite no-such-suite", "unknown suite 'no-such-suite' (built-in: quick"},
+      {"run --suite no-such-suite", "unknown suite 'no-such-suite' (built-in: precision, quick"},
       {"run --suite " + malformed, "malformed.toml:2:"},
       {"run --suite " + unknown_key, "base.batchsize: unknown key 'batchsize'"},
       {"run --filter 'nothing-matches-this'", "no cell of suite 'quick' matches"},
@@ -201,6 +202,33 @@ TEST(Cli, QuickSuiteMlpEndToEndValidatesAndReachesAccuracy) {
   const Result again = ts("report " + out);
   EXPECT_EQ(again.code, 0);
   EXPECT_NE(again.out.find("mlp/bf16-mixed"), std::string::npos);
+}
+
+TEST(Cli, PrecisionStressCellsShowScalerAndDivergenceInTheReport) {
+  const std::string out = tmp("precision-stress");
+  sh("rm -rf " + out);
+  const Result r = ts("run --suite precision --filter stress --steps 40 --out " + out);
+  EXPECT_EQ(r.code, 1) << r.out;  // the noscale cell diverges, by design
+  const json report = read_json(out + "/report.json");
+  ASSERT_EQ(report["cells"].size(), 3u);
+  const json& scaled = report["cells"][1];
+  EXPECT_EQ(scaled["name"], "mlp/16-mixed/stress");
+  EXPECT_EQ(scaled["status"], "ok");
+  EXPECT_TRUE(scaled["emulated"].get<bool>());
+  EXPECT_GT(scaled["metrics"]["overflow"]["skipped_steps"].get<int64_t>(), 0);
+  EXPECT_GT(scaled["metrics"]["overflow"]["scale_trajectory"].size(), 2u);
+  EXPECT_EQ(scaled["numerics"]["reference"], "mlp/32-true/stress");
+  const json& noscale = report["cells"][2];
+  EXPECT_EQ(noscale["status"], "diverged");
+  EXPECT_NE(noscale["reason"].get<std::string>().find("since step 1"), std::string::npos);
+  EXPECT_EQ(noscale["numerics"]["verdict"], "diverged");
+  std::set<std::string> ids;
+  for (const auto& rec : report["recommendations"]) ids.insert(rec["id"].get<std::string>());
+  EXPECT_TRUE(ids.count("precision.fp16-loss-scaling")) << report["recommendations"].dump(1);
+  EXPECT_TRUE(ids.count("precision.fp16-noscale-diverged")) << report["recommendations"].dump(1);
+  const Result valid = sh("/usr/bin/python3 " + source_dir() + "/tests/validate_report.py " + source_dir() +
+                          "/reports/schema/report.schema.json " + out + "/report.json");
+  EXPECT_EQ(valid.code, 0) << valid.out;
 }
 
 TEST(Cli, ResumeReusesFinishedCells) {

@@ -83,7 +83,29 @@ TEST(SuiteFile, ErrorsNameTheKeyAndTheAllowedValues) {
   EXPECT_NE(parse("[base]\nsteps=1\n").find("missing 'name'"), std::string::npos);
   // A TOML syntax error names the line and column.
   EXPECT_NE(parse("name = 'x'\n[base\n").find("bad.toml:2:"), std::string::npos);
-  EXPECT_NE(error_of([] { load_suite("no-such-suite"); }).find("built-in: quick"), std::string::npos);
+  EXPECT_NE(error_of([] { load_suite("no-such-suite"); }).find("built-in: precision, quick"), std::string::npos);
+}
+
+TEST(SuiteFile, ExtraCellsBesideTheMatrix) {
+  const Suite s = parse_suite(std::string(kSuite) + R"(
+[[cells]]
+name = "mlp/16-mixed/stress"
+model = "mlp"
+precision = "16-mixed"
+loss_multiplier = 1e8
+)", "demo.toml");
+  const auto cells = expand(s);
+  ASSERT_EQ(cells.size(), 13u);
+  EXPECT_EQ(cells.back().name, "mlp/16-mixed/stress");
+  EXPECT_EQ(cells.back().config.precision, "16-mixed");
+  EXPECT_DOUBLE_EQ(cells.back().config.loss_multiplier, 1e8);
+  EXPECT_EQ(cells.back().config.steps, 7);  // the base applies
+  EXPECT_EQ(expand(s, "stress").size(), 1u);
+  EXPECT_NE(error_of([] { parse_suite("name='x'\n[[cells]]\nmodel='mlp'\n", "c.toml"); }).find("needs a name"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_suite("name='x'\n[[cells]]\nname='a'\nprecision='fp8'\n", "c.toml"); })
+                .find("unknown precision 'fp8'"),
+            std::string::npos);
 }
 
 TEST(Config, ValuesAreCheckedAndParsed) {
@@ -113,6 +135,9 @@ TEST(Config, BuiltinSuitesParse) {
   }
   const auto quick = expand(load_suite("quick"));
   ASSERT_EQ(quick.size(), 4u);
+  const auto precision = expand(load_suite("precision"));
+  ASSERT_EQ(precision.size(), 15u);  // 2 models x 6 modes + 3 stress cells
+  EXPECT_EQ(precision[4].name, "mlp/16-mixed-noscale");
   EXPECT_EQ(quick[0].name, "mlp/32-true");
   EXPECT_EQ(quick[3].name, "gpt-tiny/bf16-mixed");
 }

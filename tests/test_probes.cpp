@@ -37,7 +37,8 @@ TEST(MemoryProbe, PhasePeaksAndActivationBytes) {
   MemoryProbe probe;
   auto params = torch::empty({256}, torch::kFloat);  // 1 KiB live before the run
   probe.run_begin(info);
-  StepInfo s{0, true, 1};
+  StepInfo s;
+  s.measured = true;
   probe.step_begin(s);
   {
     auto act = torch::empty({1024}, torch::kFloat);  // forward keeps 4 KiB of activations

@@ -1,0 +1,109 @@
+#include "probes/overflow.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <torch/torch.h>
+
+namespace trainscope::probes {
+
+at::Tensor fp16_range_stats(const at::Tensor& x) {
+  torch::NoGradGuard no_grad;
+  const auto a = x.detach().to(torch::kFloat).abs();
+  const double n = static_cast<double>(std::max<int64_t>(1, a.numel()));
+  // NaN compares false everywhere, so count "not within range" rather than "above the maximum".
+  const auto beyond = torch::logical_not(a <= kFp16Max).sum().to(torch::kFloat) / n;
+  const auto tiny = torch::logical_and(a > 0, a < kFp16MinNormal).sum().to(torch::kFloat) / n;
+  const auto absmax = a.numel() > 0 ? torch::nan_to_num(a, std::numeric_limits<double>::infinity()).max()
+                                    : torch::zeros({}, a.options());
+  return torch::stack({absmax, beyond, tiny});
+}
+
+void OverflowProbe::activation(int64_t, const std::string& block, const at::Tensor& x) {
+  if (!blocks_.count(block)) block_order_.push_back(block);
+  blocks_[block].activations.push_back(fp16_range_stats(x));
+}
+
+void OverflowProbe::gradient(int64_t, const std::string& block, const at::Tensor& g) {
+  if (!blocks_.count(block)) block_order_.push_back(block);
+  blocks_[block].gradients.push_back(fp16_range_stats(g));
+}
+
+void OverflowProbe::step_end(const StepInfo& s) {
+  if (s.loss.defined()) loss_finite_.push_back(torch::isfinite(s.loss.detach()).all());
+  if (s.loss_scale > 0) {
+    scaled_ = true;
+    if (s.loss_scale != last_scale_) scale_changes_.emplace_back(s.step, s.loss_scale);
+    if (last_scale_ > 0 && s.loss_scale < last_scale_) last_backoff_ = s.step - 1;
+    last_scale_ = s.loss_scale;
+  }
+  if (s.grads_nonfinite) {
+    ++nonfinite_grad_steps_;
+    if (first_overflow_ < 0) first_overflow_ = s.step;
+  }
+  if (s.skipped) ++skipped_;
+  ++steps_;
+}
+
+void OverflowProbe::run_end(const RunEnd& e) {
+  json j;
+  j["steps"] = steps_;
+  int64_t nonfinite_loss = 0, first_nonfinite_loss = -1;
+  for (size_t i = 0; i < loss_finite_.size(); ++i)
+    if (!loss_finite_[i].item<bool>()) {
+      ++nonfinite_loss;
+      if (first_nonfinite_loss < 0) first_nonfinite_loss = static_cast<int64_t>(i);
+    }
+  j["nonfinite_loss_steps"] = nonfinite_loss;
+  j["first_nonfinite_loss_step"] = first_nonfinite_loss >= 0 ? json(first_nonfinite_loss) : json(nullptr);
+  j["nonfinite_grad_steps"] = nonfinite_grad_steps_;
+  j["skipped_steps"] = skipped_;
+  j["first_overflow_step"] = first_overflow_ >= 0 ? json(first_overflow_) : json(nullptr);
+  if (scaled_) {
+    json traj = json::array();
+    double lo = INFINITY, hi = 0;
+    for (const auto& [step, scale] : scale_changes_) {
+      traj.push_back({step, scale});
+      lo = std::min(lo, scale);
+      hi = std::max(hi, scale);
+    }
+    j["scale_trajectory"] = traj;  // the scale each step used, at every step where it changed
+    j["min_scale"] = lo;
+    j["max_scale"] = hi;
+    j["final_scale"] = last_scale_;
+    // Settled: the first step after the last back-off; a scale that never backed off settled at 0.
+    j["scale_settled_step"] = last_backoff_ >= 0 ? last_backoff_ + 1 : 0;
+    // Collapse: the scale fell to 1 or below, so it no longer lifts small gradients out of underflow.
+    j["scale_collapsed"] = lo <= 1.0;
+  } else {
+    j["scale_trajectory"] = nullptr;
+  }
+
+  json layers = json::array();
+  json overflow_blocks = json::array(), underflow_blocks = json::array();
+  auto summarize = [](const std::vector<at::Tensor>& samples) -> json {
+    if (samples.empty()) return nullptr;
+    const auto all = torch::stack(samples).to(torch::kCPU);  // [n, 3]
+    return json{{"absmax", all.select(1, 0).max().item<double>()},
+                {"frac_beyond_fp16", all.select(1, 1).mean().item<double>()},
+                {"frac_below_fp16_normal", all.select(1, 2).mean().item<double>()},
+                {"samples", samples.size()}};
+  };
+  for (const auto& name : block_order_) {
+    const Samples& s = blocks_.at(name);
+    const json act = summarize(s.activations), grad = summarize(s.gradients);
+    layers.push_back({{"block", name}, {"activation", act}, {"gradient", grad}});
+    auto over = [](const json& v) { return !v.is_null() && v["frac_beyond_fp16"].get<double>() > 0; };
+    auto under = [](const json& v) { return !v.is_null() && v["frac_below_fp16_normal"].get<double>() >= 0.01; };
+    if (over(act) || over(grad)) overflow_blocks.push_back(name);
+    if (under(grad)) underflow_blocks.push_back(name);
+  }
+  j["sample_every"] = every_;
+  j["layers"] = layers;
+  j["overflow_blocks"] = overflow_blocks;    // any sampled value beyond fp16's range
+  j["underflow_blocks"] = underflow_blocks;  // >= 1% of gradients below fp16's normal range
+  j["thresholds"] = {{"fp16_max", kFp16Max}, {"fp16_min_normal", kFp16MinNormal}, {"underflow_block_frac", 0.01}};
+  section_ = j;
+}
+
+}  // namespace trainscope::probes

@@ -1,0 +1,84 @@
+#pragma once
+// Precision techniques: what each mode means, fp16 emulation on CPU, and dynamic loss scaling.
+//
+//   32-true           fp32 everywhere, TF32 off
+//   tf32              fp32 storage, TF32 matmuls and convolutions (CUDA, Ampere or newer)
+//   bf16-mixed        fp32 weights, bf16 autocast
+//   16-mixed          fp32 weights, fp16 autocast, dynamic loss scaling (GradScaler semantics)
+//   16-mixed-noscale  the same without the scaler: the classic mistake, kept to show what it does
+//   bf16-true         parameters, activations and optimizer state in bf16
+//
+// LibTorch 1.13 has no fp16 math on CPU, so there the two 16-mixed modes are emulated: activations at
+// every block boundary, the weights for the forward pass, and gradients (of block outputs on the way
+// back, and of the parameters) are rounded through fp16, so values beyond +-65504 become inf and values
+// below fp16's smallest subnormal flush to zero, as they would on a GPU.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace trainscope::suites {
+
+struct PrecisionMode {
+  std::string name;
+  bool autocast = false;
+  at::ScalarType autocast_dtype = at::kBFloat16;
+  at::ScalarType param_dtype = at::kFloat;
+  bool fp16 = false;       // one of the 16-mixed modes
+  bool scaler = false;     // dynamic loss scaling
+  bool emulated = false;   // fp16 rounded in software (CPU)
+};
+
+// The mode a precision name means on a device ("cpu" or "cuda:i").
+PrecisionMode precision_mode(const std::string& precision, const std::string& device);
+
+// x -> fp16 -> fp32 in forward, and the same for the incoming gradient in backward.
+torch::Tensor round_through_fp16(const torch::Tensor& x);
+
+// Rounds the parameters through fp16 for one forward/backward pass and puts the fp32 master values
+// back afterwards (what fp16 autocast's cast-on-use does to the weights).
+class Fp16WeightRounding {
+ public:
+  explicit Fp16WeightRounding(std::vector<torch::Tensor> params) : params_(std::move(params)) {}
+  void round();    // before forward: keep masters, round the live weights
+  void restore();  // after backward: masters back; gradients rounded through fp16
+ private:
+  std::vector<torch::Tensor> params_, masters_;
+};
+
+struct ScalerOptions {
+  double init_scale = 65536.0;  // 2^16
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+};
+
+// Dynamic loss scaling with PyTorch's GradScaler semantics: scale the loss, unscale the gradients,
+// skip the optimizer step when any gradient is inf/NaN and back off; grow after `growth_interval`
+// consecutive clean steps. Uses the fused AMP kernels where the device has them, an equivalent tensor
+// implementation elsewhere.
+class GradScaler {
+ public:
+  explicit GradScaler(ScalerOptions o = {}, torch::Device device = torch::kCPU);
+  torch::Tensor scale(const torch::Tensor& loss) const { return loss * scale_; }
+  // Unscales every defined gradient in place and reports whether any is inf or NaN. The flag goes
+  // through `reduce_found_inf` first (a MAX all-reduce across ranks once training is distributed).
+  bool unscale(const std::vector<torch::Tensor>& params);
+  // Applies the result of this step: back off (and reset the clean-step count) or count towards growth.
+  void update(bool found_inf);
+  double current_scale() const { return scale_.item<double>(); }
+  int64_t growth_tracker() const { return tracker_.item<int64_t>(); }
+  std::function<void(torch::Tensor& found_inf)> reduce_found_inf;
+  bool fused() const { return fused_; }
+
+ private:
+  ScalerOptions o_;
+  torch::Tensor scale_, tracker_, found_inf_;
+  bool fused_ = false;
+};
+
+// The learning rate of `applied_step` (optimizer steps actually taken; skipped steps do not count).
+double scheduled_lr(const std::string& schedule, double base_lr, int64_t applied_step, int64_t total_steps);
+
+}  // namespace trainscope::suites

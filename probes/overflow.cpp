@@ -9,14 +9,35 @@ namespace trainscope::probes {
 
 at::Tensor fp16_range_stats(const at::Tensor& x) {
   torch::NoGradGuard no_grad;
-  const auto a = x.detach().to(torch::kFloat).abs();
-  const double n = static_cast<double>(std::max<int64_t>(1, a.numel()));
+  const auto t = x.detach();
+  const double n = static_cast<double>(std::max<int64_t>(1, t.numel()));
+  if (t.device().is_cpu()) {
+    // One pass over the data: the sampled steps are where this probe costs anything.
+    const auto c = t.contiguous();
+    double absmax = 0, beyond = 0, tiny = 0;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.scalar_type(), "fp16_range_stats", [&] {
+      const scalar_t* p = c.data_ptr<scalar_t>();
+      float m = 0;
+      int64_t over = 0, under = 0;
+      for (int64_t i = 0, e = c.numel(); i < e; ++i) {
+        const float v = std::fabs(static_cast<float>(p[i]));
+        if (!(v <= static_cast<float>(kFp16Max))) ++over;  // inf and NaN too
+        else if (v > 0 && v < static_cast<float>(kFp16MinNormal)) ++under;
+        if (v > m || std::isnan(v)) m = std::isnan(v) ? INFINITY : std::max(m, v);
+      }
+      absmax = m;
+      beyond = static_cast<double>(over);
+      tiny = static_cast<double>(under);
+    });
+    return torch::tensor({absmax, beyond / n, tiny / n}, torch::kFloat);
+  }
+  // On a GPU: tensor ops, so that nothing waits for the device.
+  const auto a = t.abs();
   // NaN compares false everywhere, so count "not within range" rather than "above the maximum".
-  const auto beyond = torch::logical_not(a <= kFp16Max).sum().to(torch::kFloat) / n;
-  const auto tiny = torch::logical_and(a > 0, a < kFp16MinNormal).sum().to(torch::kFloat) / n;
-  const auto absmax = a.numel() > 0 ? torch::nan_to_num(a, std::numeric_limits<double>::infinity()).max()
-                                    : torch::zeros({}, a.options());
-  return torch::stack({absmax, beyond, tiny});
+  const auto out = torch::logical_not(a <= kFp16Max).sum().to(torch::kFloat) / n;
+  const auto small = torch::logical_and(a > 0, a < kFp16MinNormal).sum().to(torch::kFloat) / n;
+  const auto absmax = t.numel() > 0 ? a.max().to(torch::kFloat) : torch::zeros({}, a.options().dtype(torch::kFloat));
+  return torch::stack({absmax, out, small});  // a NaN abs-max is reported as inf at run end
 }
 
 void OverflowProbe::activation(int64_t, const std::string& block, const at::Tensor& x) {
@@ -84,7 +105,8 @@ void OverflowProbe::run_end(const RunEnd& e) {
   auto summarize = [](const std::vector<at::Tensor>& samples) -> json {
     if (samples.empty()) return nullptr;
     const auto all = torch::stack(samples).to(torch::kCPU);  // [n, 3]
-    return json{{"absmax", all.select(1, 0).max().item<double>()},
+    const auto absmax = torch::nan_to_num(all.select(1, 0), std::numeric_limits<double>::infinity());
+    return json{{"absmax", absmax.max().item<double>()},
                 {"frac_beyond_fp16", all.select(1, 1).mean().item<double>()},
                 {"frac_below_fp16_normal", all.select(1, 2).mean().item<double>()},
                 {"samples", samples.size()}};

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/errors.hpp"
+#include "core/units.hpp"
 
 namespace trainscope {
 namespace {
@@ -37,7 +38,12 @@ const std::vector<KeySpec>& config_keys() {
        "numeric precision (Lightning's names; 16-mixed is emulated on CPU)"},
       {"parallel", KeyKind::Choice, {"single"}, "single", "parallel strategy"},
       {"world_size", KeyKind::Int, {}, 1, "number of ranks", 1},
-      {"checkpoint", KeyKind::Choice, {"none"}, "none", "activation checkpointing policy"},
+      {"checkpoint", KeyKind::String, {}, "none", "activation checkpointing: none, full, every:<k>, selective"},
+      {"checkpoint_check", KeyKind::Bool, {}, false,
+       "compare every recomputed block output with the original (determinism check)"},
+      {"dropout", KeyKind::Float, {}, 0.0, "dropout probability in the GPT blocks", 0},
+      {"memory_budget", KeyKind::String, {}, "none",
+       "refuse allocations past this many bytes (\"64MiB\", \"2GB\"): the cell ends as oom; none: no budget"},
       {"method", KeyKind::Choice, {"supervised"}, "supervised", "training objective"},
       {"optimizer", KeyKind::Choice, {"adamw", "sgd"}, "adamw", "optimizer (sgd uses momentum 0.9)"},
       {"lr", KeyKind::Float, {}, 1e-3, "learning rate", 0},
@@ -88,6 +94,19 @@ json validate_value(const std::string& key, const json& value) {
     }
     case KeyKind::String: {
       if (!value.is_string()) throw bad("expected a string");
+      if (key == "checkpoint") {
+        const std::string v = value.get<std::string>();
+        const bool every = v.rfind("every:", 0) == 0 && v.size() > 6 &&
+                           v.find_first_not_of("0123456789", 6) == std::string::npos && std::stoll(v.substr(6)) >= 1;
+        if (v != "none" && v != "full" && v != "selective" && !every)
+          throw UsageError("unknown checkpoint '" + v + "' (allowed: none, full, every:<k>, selective)");
+      }
+      if (key == "memory_budget") {
+        double bytes = 0;
+        const std::string v = value.get<std::string>();
+        if (v != "none" && !parse_bytes(v, bytes))
+          throw UsageError("bad value '" + v + "' for 'memory_budget': expected none or a size such as 512MiB or 2GB");
+      }
       if (key == "device") {
         const std::string d = value.get<std::string>();
         const bool ok = d == "auto" || d == "cpu" || d == "cuda" ||
@@ -156,6 +175,9 @@ static void for_each_field(Config& c, Visit&& v) {
   v("parallel", c.parallel);
   v("world_size", c.world_size);
   v("checkpoint", c.checkpoint);
+  v("checkpoint_check", c.checkpoint_check);
+  v("dropout", c.dropout);
+  v("memory_budget", c.memory_budget);
   v("method", c.method);
   v("optimizer", c.optimizer);
   v("lr", c.lr);
@@ -193,6 +215,12 @@ RunConfig RunConfig::from_json(const json& j) {
   for (auto it = j.begin(); it != j.end(); ++it) merged[it.key()] = validate_value(it.key(), it.value());
   for_each_field(c, [&](const char* key, auto& field) { merged.at(key).get_to(field); });
   return c;
+}
+
+int64_t memory_budget_bytes(const RunConfig& c) {
+  double bytes = 0;
+  if (c.memory_budget == "none" || !parse_bytes(c.memory_budget, bytes)) return 0;
+  return static_cast<int64_t>(bytes);
 }
 
 json config_for_report(const RunConfig& c) { return c.to_json(); }

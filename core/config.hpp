@@ -40,6 +40,9 @@ struct RunConfig {
   std::string parallel = "single";
   int64_t world_size = 1;
   std::string checkpoint = "none";
+  bool checkpoint_check = false;
+  double dropout = 0.0;
+  std::string memory_budget = "none";
   std::string method = "supervised";
   std::string optimizer = "adamw";
   double lr = 1e-3;
@@ -68,6 +71,9 @@ struct RunConfig {
 
 // The subset of the config that the report contract names (DESIGN.md), plus the rest.
 json config_for_report(const RunConfig& c);
+
+// The budget in bytes (0: none).
+int64_t memory_budget_bytes(const RunConfig& c);
 
 // Short label of an axis value inside a cell name: "bs32" for batch_size 32, "ckpt-full", ...
 std::string axis_label(const std::string& key, const json& value);

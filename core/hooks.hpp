@@ -21,6 +21,7 @@ struct RunInfo {
   std::string model_name;
   int64_t parameters = 0;            // trainable parameter count
   double flops_per_sample = 0;       // analytic training FLOPs (forward + backward) per sample
+  double recompute_flops_per_sample = 0;  // forward FLOPs that activation checkpointing repeats
   int64_t tokens_per_sample = 0;     // 0 for non-sequence models
   double peak_flops_per_s = 0;       // measured GEMM peak of the compute dtype; 0 when unknown
   std::string peak_source;           // how the peak was obtained

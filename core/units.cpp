@@ -1,5 +1,6 @@
 #include "core/units.hpp"
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -10,6 +11,10 @@ std::string format_fixed(double v, int decimals) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
   return buf;
+}
+
+std::string format_signed_pct(double pct, int decimals) {
+  return (pct >= 0 ? "+" : "-") + format_fixed(std::fabs(pct), decimals) + "%";
 }
 
 std::string format_bytes(double bytes) {
@@ -39,6 +44,29 @@ std::string format_rate(double v) {
     ++u;
   }
   return format_fixed(v, v >= 100 ? 0 : 1) + units[u];
+}
+
+bool parse_bytes(const std::string& text, double& bytes) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return false;
+  }
+  std::string unit = text.substr(used);
+  for (auto& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  double scale = 0;
+  if (unit.empty() || unit == "B") scale = 1;
+  else if (unit == "K" || unit == "KIB") scale = 1024.0;
+  else if (unit == "M" || unit == "MIB") scale = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GIB") scale = 1024.0 * 1024 * 1024;
+  else if (unit == "KB") scale = 1e3;
+  else if (unit == "MB") scale = 1e6;
+  else if (unit == "GB") scale = 1e9;
+  if (scale == 0 || !(v >= 0) || !std::isfinite(v)) return false;
+  bytes = v * scale;
+  return true;
 }
 
 std::string utc_now(bool compact) {

@@ -17,6 +17,8 @@ namespace {
 
 std::atomic<int64_t> g_current{0}, g_peak{0}, g_phase_peak{0};
 std::atomic<bool> g_installed{false};
+std::atomic<int64_t> g_budget{0};
+std::atomic<const char*> g_phase{"setup"};
 
 void raise_to(std::atomic<int64_t>& target, int64_t value) {
   int64_t seen = target.load(std::memory_order_relaxed);
@@ -39,6 +41,13 @@ void counted_delete(void* data) {
 class CountingCpuAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t n) TRAINSCOPE_ALLOCATE_CONST override {
+    const int64_t budget = g_budget.load(std::memory_order_relaxed);
+    if (budget > 0) {
+      const int64_t live = g_current.load(std::memory_order_relaxed);
+      TORCH_CHECK_WITH(OutOfMemoryError, live + static_cast<int64_t>(n) <= budget,
+                       "out of memory in ", g_phase.load(), ": asked for ", n, " bytes with ", live,
+                       " live, budget ", budget, " bytes");
+    }
     char* block = static_cast<char*>(c10::alloc_cpu(n + kHeader));
     *reinterpret_cast<int64_t*>(block) = static_cast<int64_t>(n);
     AccountingAllocator::on_alloc(static_cast<int64_t>(n));
@@ -69,6 +78,10 @@ void AccountingAllocator::uninstall() {
   if (!g_installed.exchange(false)) return;
   c10::SetCPUAllocator(c10::GetDefaultCPUAllocator(), kPriority);
 }
+void AccountingAllocator::set_budget(int64_t bytes) { g_budget.store(bytes); }
+int64_t AccountingAllocator::budget() { return g_budget.load(); }
+void AccountingAllocator::set_phase(const char* phase) { g_phase.store(phase); }
+const char* AccountingAllocator::phase() { return g_phase.load(); }
 bool AccountingAllocator::installed() { return g_installed.load(); }
 int64_t AccountingAllocator::current() { return g_current.load(); }
 int64_t AccountingAllocator::peak() { return g_peak.load(); }
@@ -85,7 +98,10 @@ void MemoryProbe::run_begin(const RunInfo& info) {
   }
 #endif
   baseline_ = live_now();
-  if (!cuda_) AccountingAllocator::reset_peak();
+  if (!cuda_) {
+    AccountingAllocator::reset_peak();
+    AccountingAllocator::set_budget(budget_);
+  }
 }
 
 void MemoryProbe::phase_begin() {
@@ -124,6 +140,7 @@ int64_t MemoryProbe::live_now() const {
 }
 
 void MemoryProbe::step_begin(const StepInfo&) {
+  AccountingAllocator::set_phase("forward");
   phase_begin();
   step_start_ = live_now();
 }
@@ -131,15 +148,22 @@ void MemoryProbe::forward_end(const StepInfo&) {
   const int64_t p = phase_end();
   forward_ = std::max(forward_, p);
   activation_ = std::max(activation_, p - step_start_);
+  AccountingAllocator::set_phase("backward");
   phase_begin();
 }
 void MemoryProbe::backward_end(const StepInfo&) {
   backward_ = std::max(backward_, phase_end());
+  AccountingAllocator::set_phase("optimizer");
   phase_begin();
 }
-void MemoryProbe::optimizer_end(const StepInfo&) { optimizer_ = std::max(optimizer_, phase_end()); }
+void MemoryProbe::optimizer_end(const StepInfo&) {
+  optimizer_ = std::max(optimizer_, phase_end());
+  AccountingAllocator::set_phase("between steps");
+}
 
 void MemoryProbe::run_end(const RunEnd& e) {
+  AccountingAllocator::set_phase("evaluation");
+  AccountingAllocator::set_budget(0);
   model_state_ = e.model_state;
   have_end_ = true;
   if (!cuda_) peak_ = std::max(peak_, AccountingAllocator::peak());
@@ -162,6 +186,7 @@ json MemoryProbe::section() const {
     j["model_state_difference_bytes"] =
         model_state_.params + model_state_.grads + model_state_.optimizer - model_state_.expected;
   }
+  if (budget_ > 0 && !cuda_) j["budget_bytes"] = budget_;
   if (cuda_) {
     j["reserved_peak_bytes"] = reserved_peak_;
     j["alloc_retries"] = alloc_retries_;

@@ -23,6 +23,13 @@ class AccountingAllocator {
   static int64_t phase_peak();
   static void reset_peak();        // peak := current
   static void reset_phase_peak();  // phase peak := current
+  // A budget (0: none): an allocation that would take the live bytes past it throws
+  // c10::OutOfMemoryError naming the phase and the bytes asked for.
+  static void set_budget(int64_t bytes);
+  static int64_t budget();
+  // What the run is doing now ("setup", "forward", "backward", "optimizer"), for OOM messages.
+  static void set_phase(const char* phase);
+  static const char* phase();
   // Called by the allocator itself.
   static void on_alloc(int64_t bytes);
   static void on_free(int64_t bytes);
@@ -30,6 +37,9 @@ class AccountingAllocator {
 
 class MemoryProbe : public Probe {
  public:
+  // `budget` bytes (0: none) hold from run_begin to run_end: the training steps, not set-up and
+  // evaluation, and not the timing probe's GEMM-peak measurement that runs before.
+  explicit MemoryProbe(int64_t budget = 0) : budget_(budget) {}
   std::string name() const override { return "memory"; }
   void run_begin(const RunInfo& info) override;
   void step_begin(const StepInfo& s) override;
@@ -50,6 +60,7 @@ class MemoryProbe : public Probe {
   int64_t reserved_peak_ = 0, alloc_retries_ = 0, ooms_ = 0;
   ModelStateBytes model_state_;
   bool have_end_ = false;
+  int64_t budget_ = 0;
 };
 
 }  // namespace trainscope::probes

@@ -145,6 +145,10 @@ json TimingProbe::section() const {
   j["peak_flops_per_s"] = nan_if_zero(info_.peak_flops_per_s);
   j["peak_source"] = info_.peak_flops_per_s > 0 ? json(info_.peak_source) : json(nullptr);
   j["mfu"] = info_.peak_flops_per_s > 0 ? json(flops / info_.peak_flops_per_s) : json(nullptr);
+  // HFU counts what the hardware did, recomputation included.
+  const double hw_flops = samples_per_s * (info_.flops_per_sample + info_.recompute_flops_per_sample);
+  j["recompute_flops_per_sample"] = info_.recompute_flops_per_sample;
+  j["hfu"] = info_.peak_flops_per_s > 0 ? json(hw_flops / info_.peak_flops_per_s) : json(nullptr);
   return j;
 }
 

@@ -1,5 +1,6 @@
 // Recommendations: rules over a report. Each cites the measured numbers and the cells it rests on.
 #include <cmath>
+#include <map>
 #include <set>
 
 #include "core/units.hpp"
@@ -173,6 +174,68 @@ json recommend(const json& report) {
                           format_fixed(100 * n["final_loss_rel_diff"].get<double>(), 1) + "% from fp32, largest deviation " +
                           format_fixed(100 * n["max_curve_rel_dev"].get<double>(), 1) + "% along the curve",
                       n, {c["name"], n["reference"]}));
+  }
+
+  // Checkpointing: memory saved against time spent, per model and batch size.
+  std::map<std::string, std::vector<const json*>> by_config;
+  for (const auto& c : report["cells"])
+    if (c.contains("checkpointing")) {
+      json key = c["config"];
+      key.erase("checkpoint");
+      by_config[key.dump()].push_back(&c);
+    }
+  for (const auto& [key, group] : by_config) {
+    std::string text;
+    json evidence = json::object(), cells = json::array();
+    for (const json* c : group) {
+      const json& k = (*c)["checkpointing"];
+      if (!k["memory_saved_pct"].is_number() || !k["recompute_overhead_pct"].is_number()) continue;
+      const std::string policy = (*c)["config"]["checkpoint"];
+      text += (text.empty() ? "" : "; ") + policy + ": peak memory " +
+              format_signed_pct(-k["memory_saved_pct"].get<double>()) + ", step time " +
+              format_signed_pct(k["recompute_overhead_pct"].get<double>());
+      evidence[policy] = k;
+      cells.push_back((*c)["name"]);
+      if (cells.size() == 1) cells.push_back(k["reference"]);
+    }
+    if (text.empty()) continue;
+    const json& cfg = group.front()->at("config");
+    out.push_back(rec("checkpoint.tradeoff", "info",
+                      cfg.value("model", "?") + " at batch " + std::to_string(cfg.value("batch_size", 0)) +
+                          ", against no checkpointing: " + text,
+                      evidence, cells));
+  }
+
+  // The frontier: the largest batch each policy fits under the budget.
+  if (report.contains("frontier") && report["frontier"].is_array()) {
+    std::map<std::string, std::vector<const json*>> by_model;
+    for (const auto& f : report["frontier"]) by_model[f["model"].get<std::string>() + "/" + f["precision"].get<std::string>()].push_back(&f);
+    for (const auto& [model, entries] : by_model) {
+      const json* none = nullptr;
+      const json* best = nullptr;
+      for (const json* f : entries) {
+        if ((*f)["checkpoint"] == "none") none = f;
+        if (!best || (*f)["largest_batch"].get<int64_t>() > (*best)["largest_batch"].get<int64_t>()) best = f;
+      }
+      if (!none || !best) continue;
+      const int64_t b0 = (*none)["largest_batch"], b = (*best)["largest_batch"];
+      json evidence = json::object();
+      for (const json* f : entries) evidence[(*f)["checkpoint"].get<std::string>()] = {{"largest_batch", (*f)["largest_batch"]}, {"samples_per_s", (*f)["samples_per_s"]}};
+      evidence["budget"] = (*none)["budget"];
+      if (b > b0) {
+        std::string text = model + ": under " + (*none)["budget"].get<std::string>() + ", " + (*best)["checkpoint"].get<std::string>() +
+                           " fits batch " + std::to_string(b) + " where none fits " + std::to_string(b0);
+        if ((*best)["samples_per_s"].is_number() && (*none)["samples_per_s"].is_number())
+          text += " (" + format_rate((*best)["samples_per_s"].get<double>()) + " vs " +
+                  format_rate((*none)["samples_per_s"].get<double>()) + " samples/s at the frontier)";
+        out.push_back(rec("checkpoint.frontier", "info", text, evidence, json::array()));
+      } else {
+        out.push_back(rec("checkpoint.leave-off", "info",
+                          model + ": under " + (*none)["budget"].get<std::string>() + " no policy fits a larger batch than none (" +
+                              std::to_string(b0) + "): memory is to spare, leave checkpointing off",
+                          evidence, json::array()));
+      }
+    }
   }
 
   // A GPU without bf16: the fast option is fp16 with the scaler.

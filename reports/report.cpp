@@ -50,15 +50,36 @@ json compare_numerics(const json& cell, const json& fp32) {
   return n;
 }
 
-json make_report(const json& env, const json& suite, const std::vector<json>& cells_in) {
+json compare_checkpointing(const json& cell, const json& none) {
+  if (cell.value("status", "") != "ok" || none.value("status", "") != "ok") return nullptr;
+  const json& m = cell["metrics"];
+  const json& m0 = none["metrics"];
+  const double peak = m["memory"]["peak_bytes"], peak0 = m0["memory"]["peak_bytes"];
+  const double act = m["memory"].value("activation_bytes", 0.0), act0 = m0["memory"].value("activation_bytes", 0.0);
+  const double t = m["timing"]["step_time_s"]["p50"], t0 = m0["timing"]["step_time_s"]["p50"];
+  return json{{"reference", none["name"]},
+              {"memory_saved_pct", peak0 > 0 ? json(100.0 * (1.0 - peak / peak0)) : json(nullptr)},
+              {"activation_saved_pct", act0 > 0 ? json(100.0 * (1.0 - act / act0)) : json(nullptr)},
+              {"recompute_overhead_pct", t0 > 0 ? json(100.0 * (t / t0 - 1.0)) : json(nullptr)},
+              {"mfu", m["timing"].value("mfu", json())},
+              {"hfu", m["timing"].value("hfu", json())}};
+}
+
+json make_report(const json& env, const json& suite, const std::vector<json>& cells_in, const json& frontier) {
   json r;
   r["cells"] = cells_in;
   for (auto& c : r["cells"]) {
-    if (c.contains("config") && c["config"].value("precision", "") == "32-true") continue;
-    if (const json* base = fp32_sibling(r, c)) {
-      const json n = compare_numerics(c, *base);
-      if (!n.is_null()) c["numerics"] = n;
-    }
+    if (!c.contains("config")) continue;
+    if (c["config"].value("precision", "") != "32-true")
+      if (const json* base = fp32_sibling(r, c)) {
+        const json n = compare_numerics(c, *base);
+        if (!n.is_null()) c["numerics"] = n;
+      }
+    if (c["config"].value("checkpoint", "none") != "none")
+      if (const json* none = sibling(r, c, "checkpoint", "none")) {
+        const json k = compare_checkpointing(c, *none);
+        if (!k.is_null()) c["checkpointing"] = k;
+      }
   }
   const json cells = r["cells"];
   r = json();
@@ -68,6 +89,7 @@ json make_report(const json& env, const json& suite, const std::vector<json>& ce
   r["env"] = env;
   r["suite"] = suite;
   r["cells"] = cells;
+  if (!frontier.is_null()) r["frontier"] = frontier;
   r["recommendations"] = recommend(r);
   return r;
 }
@@ -126,10 +148,10 @@ json read_report(const std::string& path_or_dir) {
   return r;
 }
 
-const json* fp32_sibling(const json& report, const json& cell) {
+const json* sibling(const json& report, const json& cell, const std::string& key, const json& value) {
   if (!cell.contains("config")) return nullptr;
   json want = cell["config"];
-  want["precision"] = "32-true";
+  want[key] = value;
   for (const auto& c : report["cells"])
     if (c.contains("config") && c["config"] == want) return &c;
   return nullptr;

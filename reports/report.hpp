@@ -12,7 +12,7 @@ namespace trainscope::reports {
 inline constexpr const char* kSchema = "trainscope.report/1";
 
 // A complete report from its parts; recommendations are derived here from the cells and env.
-json make_report(const json& env, const json& suite, const std::vector<json>& cells);
+json make_report(const json& env, const json& suite, const std::vector<json>& cells, const json& frontier = nullptr);
 
 // Writes to a temporary file in the same folder, flushes it, then renames: readers never see half a file.
 void write_json_atomic(const std::string& path, const json& j);
@@ -22,8 +22,16 @@ json read_json_file(const std::string& path);
 // sections; UsageError on anything else.
 json read_report(const std::string& path_or_dir);
 
-// The cell of the same configuration in 32-true, if the report has it (for speed-ups).
-const json* fp32_sibling(const json& report, const json& cell);
+// The cell whose configuration equals this one's but for `key` = `value`, if the report has it.
+const json* sibling(const json& report, const json& cell, const std::string& key, const json& value);
+// The cell of the same configuration in 32-true (for speed-ups and numerics).
+inline const json* fp32_sibling(const json& report, const json& cell) {
+  return sibling(report, cell, "precision", "32-true");
+}
+
+// What a checkpointing policy bought against `none` at the same configuration: peak and activation
+// memory saved (%), recompute overhead (% of step time), MFU and HFU. Null without a comparable pair.
+json compare_checkpointing(const json& cell, const json& none);
 
 // Numerics of a cell against its 32-true sibling: relative final-loss difference, the largest
 // relative deviation along the loss curve, and a verdict matches | drifts | diverged, with the

@@ -78,6 +78,29 @@ std::string render_summary(const json& report) {
     if (c.contains("reason") && c["reason"].is_string() && !c["reason"].get<std::string>().empty())
       out << "  " << c["name"].get<std::string>() << ": " << c["status"].get<std::string>() << ": "
           << c["reason"].get<std::string>() << "\n";
+  if (report.contains("frontier") && report["frontier"].is_array() && !report["frontier"].empty()) {
+    out << "\nfrontier (largest batch under the budget):\n";
+    for (const auto& f : report["frontier"]) {
+      out << "  " << pad(f["model"].get<std::string>() + "/" + f["precision"].get<std::string>() + "/ckpt-" +
+                             f["checkpoint"].get<std::string>(), 36)
+          << "  batch " << pad(std::to_string(f["largest_batch"].get<int64_t>()), 6, true);
+      if (f["samples_per_s"].is_number()) out << "  " << format_rate(f["samples_per_s"].get<double>()) << " samp/s";
+      if (f["peak_bytes"].is_number()) out << "  peak " << format_bytes(f["peak_bytes"].get<double>());
+      out << "  under " << f["budget"].get<std::string>();
+      if (f.contains("error")) out << "  (" << f["error"].get<std::string>() << ")";
+      out << "\n";
+    }
+  }
+  for (const auto& c : report["cells"])
+    if (c.contains("checkpointing") && c["checkpointing"]["memory_saved_pct"].is_number())
+      out << "  " << c["name"].get<std::string>() << ": peak memory "
+          << format_signed_pct(-c["checkpointing"]["memory_saved_pct"].get<double>(), 1) << ", activations "
+          << (c["checkpointing"]["activation_saved_pct"].is_number()
+                  ? format_signed_pct(-c["checkpointing"]["activation_saved_pct"].get<double>(), 1)
+                  : std::string("-"))
+          << ", step time "
+          << format_signed_pct(c["checkpointing"]["recompute_overhead_pct"].get<double>(), 1) << " against "
+          << c["checkpointing"]["reference"].get<std::string>() << "\n";
   if (report.contains("recommendations") && !report["recommendations"].empty()) {
     out << "\nrecommendations:\n";
     for (const auto& r : report["recommendations"])

@@ -13,6 +13,11 @@
 #include "reports/report.hpp"
 #include "suites/train.hpp"
 
+#ifdef TRAINSCOPE_TORCH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 namespace trainscope::runners {
 namespace {
 
@@ -23,6 +28,21 @@ void inject_fault(const std::string& kind) {
   if (kind == "throw") throw std::runtime_error("injected exception");
   if (kind == "hang")
     while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+// On a GPU the budget caps the caching allocator (a fraction of the device's memory); without one the
+// device's own memory is the budget.
+void limit_device_memory(const std::string& device, int64_t budget) {
+#ifdef TRAINSCOPE_TORCH_CUDA
+  if (budget > 0 && device.rfind("cuda", 0) == 0) {
+    const int index = std::stoi(device.substr(5));
+    const double total = static_cast<double>(at::cuda::getDeviceProperties(index)->totalGlobalMem);
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(std::min(1.0, static_cast<double>(budget) / total), index);
+  }
+#else
+  (void)device;
+  (void)budget;
+#endif
 }
 
 json quality_section(const suites::TrainOutcome& o) {
@@ -50,12 +70,13 @@ int cell_main(const std::string& spec_path, const std::string& result_path) {
   const std::string device = spec.at("device");
   const RunConfig config = RunConfig::from_json(spec.at("config"));
   try {
+    limit_device_memory(device, memory_budget_bytes(config));
     inject_fault(config.inject);
     const int threads = probes::configure_threads(config.threads);
     suites::Trainer trainer(config, device);
 
     auto timing = std::make_shared<probes::TimingProbe>();
-    auto memory = std::make_shared<probes::MemoryProbe>();
+    auto memory = std::make_shared<probes::MemoryProbe>(device == "cpu" ? memory_budget_bytes(config) : 0);
     Hooks hooks;
     hooks.add(timing);  // first: its GEMM-peak measurement must happen before memory's baseline
     hooks.add(memory);
@@ -68,6 +89,10 @@ int cell_main(const std::string& spec_path, const std::string& result_path) {
 
     json cell = cell_without_metrics(name, config.to_json(), device, outcome.status, outcome.reason);
     cell["emulated"] = trainer.mode().emulated;
+    if (config.checkpoint_check) {
+      const auto d = suites::checkpoint_determinism();
+      cell["checkpoint_determinism"] = {{"compared", d.compared}, {"max_abs_diff", d.max_abs_diff}};
+    }
     cell["threads"] = threads;
     cell["model"] = {{"preset", info.model_name},
                      {"parameters", info.parameters},
@@ -82,6 +107,13 @@ int cell_main(const std::string& spec_path, const std::string& result_path) {
     metrics["quality"] = quality_section(outcome);
     cell["metrics"] = metrics;
     reports::write_json_atomic(result_path, cell);
+    return 0;
+  } catch (const c10::OutOfMemoryError& e) {
+    const std::string what = e.what();
+    json cell = cell_without_metrics(name, config.to_json(), device, "oom", what.substr(0, what.find('\n')));
+    cell["oom_phase"] = probes::AccountingAllocator::phase();
+    reports::write_json_atomic(result_path, cell);
+    std::fprintf(stderr, "cell %s: %s\n", name.c_str(), what.c_str());
     return 0;
   } catch (const std::exception& e) {
     // torch's messages carry a backtrace after the first line; the report keeps the first line.

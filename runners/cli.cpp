@@ -105,6 +105,9 @@ int cli_main(int argc, char** argv) {
   run_cmd->add_option("--set", sets, "override any configuration key: --set key=value (repeatable)");
   run_cmd->add_option("--filter", run.filter, "regular expression on cell names");
   run_cmd->add_flag("--resume", run.resume, "reuse finished cells found in --out");
+  run_cmd->add_option("--memory-budget", run.memory_budget,
+                      "refuse tensor allocations past SIZE (512MiB, 2GB): cells that exceed it end as oom");
+  run_cmd->add_flag("--frontier", run.frontier, "also search the largest batch that fits the budget, per policy");
 
   auto* list_cmd = app.add_subcommand("list", "Suites, axes and values, and what this build supports here");
   auto* env_cmd = app.add_subcommand("env", "Hardware and software inventory as JSON");

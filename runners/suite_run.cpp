@@ -4,13 +4,16 @@
 
 #include <chrono>
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
+#include <map>
 
 #include "core/errors.hpp"
 #include "core/units.hpp"
 #include "probes/env.hpp"
 #include "reports/report.hpp"
 #include "runners/cell.hpp"
+#include "runners/frontier.hpp"
 #include "runners/isolation.hpp"
 #include "suites/suite_file.hpp"
 #include "suites/train.hpp"
@@ -38,11 +41,96 @@ bool reusable(const std::string& path, const json& config, json& cell) {
          cell.value("status", "") != "timeout";
 }
 
+// Runs one cell in a child process and returns its result, whatever happened to the process.
+json run_isolated(const std::string& name, const json& config, const std::string& device, const std::string& stem,
+                  double timeout_s) {
+  reports::write_json_atomic(stem + ".spec.json", {{"name", name}, {"config", config}, {"device", device}});
+  fs::remove(stem + ".json");
+  const ChildOutcome r =
+      run_child({self_exe(), "_cell", "--spec", stem + ".spec.json", "--result", stem + ".json"}, stem + ".log", timeout_s);
+  json cell;
+  if (r.kind == ChildOutcome::Kind::Exited && fs::exists(stem + ".json")) {
+    cell = reports::read_json_file(stem + ".json");
+  } else {
+    const std::string status = r.kind == ChildOutcome::Kind::TimedOut ? "timeout" : "failed";
+    std::string reason = describe(r, timeout_s);
+    const std::string said = last_line(stem + ".log");
+    if (!said.empty() && r.kind != ChildOutcome::Kind::TimedOut) reason += ": " + said;
+    cell = cell_without_metrics(name, config, device, status, reason);
+    reports::write_json_atomic(stem + ".json", cell);
+  }
+  cell["wall_s"] = r.wall_s;
+  cell["log"] = fs::path(stem + ".log").filename().string();
+  return cell;
+}
+
+// The frontier: for each distinct configuration (batch size aside) of the chosen models, the largest
+// batch that trains under the budget, each try a short run in its own process.
+json run_frontier(const json& spec, const std::vector<suites::Cell>& cells, const std::string& budget,
+                  const std::string& out) {
+  json results = json::array();
+  std::vector<json> seen;
+  fs::create_directories(out + "/frontier");
+  for (const auto& c : cells) {
+    const json& models = spec["models"];
+    if (!models.empty() && std::find(models.begin(), models.end(), json(c.config.model)) == models.end()) continue;
+    RunConfig base = c.config;
+    base.batch_size = 1;
+    base.steps = spec["steps"];
+    base.warmup_steps = 1;
+    base.eval = false;
+    base.overflow_every = 0;
+    base.memory_budget = budget;
+    if (std::find(seen.begin(), seen.end(), base.to_json()) != seen.end()) continue;
+    seen.push_back(base.to_json());
+    const std::string device = suites::resolve_device(base.device);
+    const std::string label = base.model + "/" + base.precision + "/ckpt-" + base.checkpoint;
+    if (!suites::unsupported_reason(base, device).empty() || interrupted()) continue;
+    std::printf("frontier %s under %s: ", label.c_str(), budget.c_str());
+    std::fflush(stdout);
+    std::map<int64_t, json> tried;
+    std::string error;
+    const FrontierResult f = frontier_search(
+        [&](int64_t bs) {
+          if (!error.empty() || interrupted()) return false;
+          RunConfig cfg = base;
+          cfg.batch_size = bs;
+          const std::string stem = out + "/frontier/" + file_stem(label) + "_bs" + std::to_string(bs);
+          json cell = run_isolated(label + "/bs" + std::to_string(bs), cfg.to_json(), device, stem, cfg.timeout_s);
+          const std::string status = cell["status"];
+          std::printf("%lld:%s ", static_cast<long long>(bs), status.c_str());
+          std::fflush(stdout);
+          if (status != "ok" && status != "oom") error = "batch " + std::to_string(bs) + " " + status + ": " + cell.value("reason", "");
+          tried[bs] = cell;
+          return status == "ok";
+        },
+        spec["start"], spec["limit"]);
+    json entry{{"model", base.model}, {"precision", base.precision}, {"checkpoint", base.checkpoint},
+               {"budget", budget}, {"largest_batch", f.largest_fit},
+               {"first_failing_batch", f.first_fail > 0 ? json(f.first_fail) : json(nullptr)}};
+    json tries = json::array();
+    for (const auto& [bs, ok] : f.tries) tries.push_back({bs, tried[bs]["status"]});
+    entry["tries"] = tries;
+    entry["samples_per_s"] = nullptr;
+    entry["peak_bytes"] = nullptr;
+    if (f.largest_fit > 0) {
+      const json& m = tried[f.largest_fit]["metrics"];
+      entry["samples_per_s"] = m["timing"]["samples_per_s"];
+      entry["peak_bytes"] = m["memory"]["peak_bytes"];
+    }
+    if (!error.empty()) entry["error"] = error;
+    std::printf("-> %lld\n", static_cast<long long>(f.largest_fit));
+    results.push_back(entry);
+  }
+  return results;
+}
+
 }  // namespace
 
 int run_suite(const RunOptions& o) {
   suites::Suite suite = suites::load_suite(o.suite);
   if (!o.device.empty()) suites::apply_override(suite, "device", o.device);
+  if (!o.memory_budget.empty()) suites::apply_override(suite, "memory_budget", o.memory_budget);
   for (const auto& [key, text] : o.sets) suites::apply_override(suite, key, parse_value(key, text));
   const std::vector<suites::Cell> cells = suites::expand(suite, o.filter);
   if (cells.empty()) throw UsageError("no cell of suite '" + suite.name + "' matches --filter '" + o.filter + "'");
@@ -79,25 +167,9 @@ int run_suite(const RunOptions& o) {
     } else if (o.resume && reusable(stem + ".json", config, cell)) {
       note = " (from the previous run)";
     } else {
-      reports::write_json_atomic(stem + ".spec.json", {{"name", c.name}, {"config", config}, {"device", device}});
-      fs::remove(stem + ".json");
-      const ChildOutcome r = run_child({self_exe(), "_cell", "--spec", stem + ".spec.json", "--result", stem + ".json"},
-                                       stem + ".log", c.config.timeout_s);
-      ran_s += r.wall_s;
+      cell = run_isolated(c.name, config, device, stem, c.config.timeout_s);
+      ran_s += cell["wall_s"].get<double>();
       ++ran;
-      const bool exited = r.kind == ChildOutcome::Kind::Exited;
-      if (exited && fs::exists(stem + ".json")) {
-        cell = reports::read_json_file(stem + ".json");
-      } else {
-        const std::string status = r.kind == ChildOutcome::Kind::TimedOut ? "timeout" : "failed";
-        std::string reason = describe(r, c.config.timeout_s);
-        const std::string said = last_line(stem + ".log");
-        if (!said.empty() && r.kind != ChildOutcome::Kind::TimedOut) reason += ": " + said;
-        cell = cell_without_metrics(c.name, config, device, status, reason);
-        reports::write_json_atomic(stem + ".json", cell);
-      }
-      cell["wall_s"] = r.wall_s;
-      cell["log"] = fs::path(stem + ".log").filename().string();
     }
     results.push_back(cell);
     reports::write_json_atomic(report_path, reports::make_report(env, suite_json, results));
@@ -113,7 +185,16 @@ int run_suite(const RunOptions& o) {
     std::fflush(stdout);
   }
 
-  const json report = reports::make_report(env, suite_json, results);
+  json frontier;
+  if (!interrupted() && (!suite.frontier.is_null() || o.frontier)) {
+    json spec = suite.frontier.is_null() ? json{{"budget", "none"}, {"steps", 3}, {"start", 8}, {"limit", 4096},
+                                                {"models", json::array()}}
+                                         : suite.frontier;
+    const std::string budget = o.memory_budget.empty() ? spec["budget"].get<std::string>() : o.memory_budget;
+    if (budget == "none") throw UsageError("the frontier needs a budget: [frontier] budget in the suite, or --memory-budget");
+    frontier = run_frontier(spec, cells, budget, out);
+  }
+  const json report = reports::make_report(env, suite_json, results, frontier);
   reports::write_json_atomic(report_path, report);
   const std::string summary = reports::render_summary(report);
   std::printf("\n%s\nreport: %s\n", summary.c_str(), report_path.c_str());

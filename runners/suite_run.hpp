@@ -13,6 +13,8 @@ struct RunOptions {
   std::vector<std::pair<std::string, std::string>> sets;  // --steps etc. become sets too
   std::string filter;
   bool resume = false;
+  std::string memory_budget;  // --memory-budget: every cell, and the frontier's budget
+  bool frontier = false;      // --frontier: search the largest batch even if the suite has no [frontier]
 };
 
 // Returns 0 when every cell is ok or skipped, 1 otherwise; the report is written either way.

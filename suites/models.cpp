@@ -37,6 +37,15 @@ int64_t count_parameters(const torch::nn::Module& m) {
   return n;
 }
 
+double ReferenceModel::recompute_flops_per_sample() const {
+  double f = 0;
+  const auto blocks = block_forward_flops();
+  for (size_t i = 0; i < blocks.size(); ++i)
+    if (checkpoint_.checkpoints_block(static_cast<int64_t>(i))) f += blocks[i];
+  if (checkpoint_.kind == CheckpointPolicy::Kind::Selective) f += selective_forward_flops();
+  return f;
+}
+
 torch::Tensor ReferenceModel::loss(const Batch& b) {
   torch::Tensor logits = forward(b.input);
   // Losses in fp32 whatever the compute precision (as autocast does for cross_entropy).
@@ -61,13 +70,12 @@ class Mlp : public ReferenceModel {
   }
   torch::Tensor forward(const torch::Tensor& x) override {
     torch::Tensor h = x.flatten(1);
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      h = layers_[i]->forward(h);
-      const bool last = i + 1 == layers_.size();
-      if (!last) h = torch::relu(h);
-      h = boundary(last ? "head" : "fc" + std::to_string(i), h);
+    for (size_t i = 0; i + 1 < layers_.size(); ++i) {
+      auto& layer = layers_[i];
+      h = run_block(static_cast<int64_t>(i), *layer, [&layer](const torch::Tensor& in) { return torch::relu(layer->forward(in)); }, h);
+      h = boundary("fc" + std::to_string(i), h);
     }
-    return h;
+    return boundary("head", layers_.back()->forward(h));
   }
   int64_t analytic_parameters() const override {
     int64_t n = 0;
@@ -78,6 +86,11 @@ class Mlp : public ReferenceModel {
     double macs = 0;
     for (auto [in, out] : dims_) macs += static_cast<double>(in) * out;
     return 6.0 * macs;
+  }
+  std::vector<double> block_forward_flops() const override {  // the hidden layers; the head is not a block
+    std::vector<double> f;
+    for (size_t i = 0; i + 1 < dims_.size(); ++i) f.push_back(2.0 * dims_[i].first * dims_[i].second);
+    return f;
   }
 
  private:
@@ -144,8 +157,10 @@ class Cnn : public ReferenceModel {
       const int64_t out = p.width << stage;
       for (int64_t b = 0; b < p.hidden[stage]; ++b) {
         const int64_t stride = (stage > 0 && b == 0) ? 2 : 1;
+        const double before = led_.macs;
         auto block = std::make_shared<BasicBlock>(in, out, stride, h, w, led_);
         blocks_.push_back(register_module("block" + std::to_string(blocks_.size()), block));
+        block_flops_.push_back(2.0 * (led_.macs - before));
         in = out;
       }
     }
@@ -155,14 +170,20 @@ class Cnn : public ReferenceModel {
   }
   torch::Tensor forward(const torch::Tensor& x) override {
     torch::Tensor h = boundary("stem", torch::relu(stem_bn_->forward(stem_->forward(x))));
-    for (size_t i = 0; i < blocks_.size(); ++i) h = boundary("block" + std::to_string(i), blocks_[i]->forward(h));
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      auto& b = blocks_[i];
+      h = run_block(static_cast<int64_t>(i), *b, [&b](const torch::Tensor& in) { return b->forward(in); }, h);
+      h = boundary("block" + std::to_string(i), h);
+    }
     return boundary("head", head_->forward(h.mean({2, 3})));
   }
   int64_t analytic_parameters() const override { return led_.params + head_params_; }
   double training_flops_per_sample() const override { return 6.0 * (led_.macs + head_macs_); }
+  std::vector<double> block_forward_flops() const override { return block_flops_; }
 
  private:
   ConvLedger led_;
+  std::vector<double> block_flops_;
   nn::Conv2d stem_{nullptr};
   nn::BatchNorm2d stem_bn_{nullptr};
   std::vector<std::shared_ptr<BasicBlock>> blocks_;
@@ -185,21 +206,29 @@ class DecoderBlock : public nn::Module {
   // x stays fp32 (the residual stream): LayerNorm is always fed fp32, which 1.13's CPU autocast needs.
   torch::Tensor forward(const torch::Tensor& x) {
     const int64_t B = x.size(0), S = x.size(1), D = x.size(2), Dh = D / heads_;
-    auto qkv = qkv_->forward(ln1_->forward(x)).view({B, S, 3, heads_, Dh}).permute({2, 0, 3, 1, 4});
-    auto q = qkv[0], k = qkv[1], v = qkv[2];  // [B,H,S,Dh]
-    auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(Dh));
-    auto causal = torch::ones({S, S}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
-    auto att = torch::softmax(scores.masked_fill(causal, -std::numeric_limits<float>::infinity()), -1);
-    att = torch::dropout(att, dropout_, is_training());
-    auto y = torch::matmul(att, v).transpose(1, 2).reshape({B, S, D});
+    const auto qkv = qkv_->forward(ln1_->forward(x));
+    // The attention core: the S x S scores, softmax and dropout live only in here.
+    auto core = [this, B, S, D, Dh](const torch::Tensor& packed) {
+      auto heads = packed.view({B, S, 3, heads_, Dh}).permute({2, 0, 3, 1, 4});
+      auto q = heads[0], k = heads[1], v = heads[2];  // [B,H,S,Dh]
+      auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(Dh));
+      auto causal = torch::ones({S, S}, torch::TensorOptions().dtype(torch::kBool).device(packed.device())).triu(1);
+      auto att = torch::softmax(scores.masked_fill(causal, -std::numeric_limits<float>::infinity()), -1);
+      att = torch::dropout(att, dropout_, is_training());
+      return torch::matmul(att, v).transpose(1, 2).reshape({B, S, D});
+    };
+    const bool recompute_core = policy_.kind == CheckpointPolicy::Kind::Selective && is_training() && torch::GradMode::is_enabled();
+    auto y = recompute_core ? checkpoint(core, qkv, {}, policy_.restore_rng, policy_.check) : core(qkv);
     auto h = x + torch::dropout(proj_->forward(y), dropout_, is_training());
     auto m = fc_proj_->forward(torch::gelu(fc_->forward(ln2_->forward(h))));
     return h + torch::dropout(m, dropout_, is_training());
   }
+  void set_policy(const CheckpointPolicy& p) { policy_ = p; }
 
  private:
   int64_t heads_;
   double dropout_;
+  CheckpointPolicy policy_;
   nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
   nn::Linear qkv_{nullptr}, proj_{nullptr}, fc_{nullptr}, fc_proj_{nullptr};
 };
@@ -222,7 +251,11 @@ class Gpt : public ReferenceModel {
     const int64_t S = tokens.size(1);
     auto pos = torch::arange(S, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
     torch::Tensor h = boundary("embed", tok_->forward(tokens) + pos_->forward(pos).unsqueeze(0));
-    for (size_t i = 0; i < blocks_.size(); ++i) h = boundary("block" + std::to_string(i), blocks_[i]->forward(h));
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      auto& b = blocks_[i];
+      h = run_block(static_cast<int64_t>(i), *b, [&b](const torch::Tensor& in) { return b->forward(in); }, h);
+      h = boundary("block" + std::to_string(i), h);
+    }
     // The LM head is tied to the token embedding (GPT-2), so gpt-125m has GPT-2 small's 124M.
     return boundary("head", torch::nn::functional::linear(ln_f_->forward(h), tok_->weight));
   }
@@ -237,6 +270,19 @@ class Gpt : public ReferenceModel {
     const double n = static_cast<double>(analytic_parameters() - p_.seq_len * p_.width);
     const double attention = 6.0 * p_.layers * p_.width * p_.seq_len;  // 6·L·H·Dh·S, H·Dh = D
     return (6.0 * n + attention) * p_.seq_len;
+  }
+  void set_checkpoint(const CheckpointPolicy& p) override {
+    ReferenceModel::set_checkpoint(p);
+    for (auto& b : blocks_) b->set_policy(p);
+  }
+  // Per block and sample: the weight matmuls (2 x 12·D² per token) and the causal attention core
+  // (2·D·S per token, as in the FLOPs formula).
+  std::vector<double> block_forward_flops() const override {
+    const double D = static_cast<double>(p_.width), S = static_cast<double>(p_.seq_len);
+    return std::vector<double>(static_cast<size_t>(p_.layers), (2.0 * 12 * D * D + 2.0 * D * S) * S);
+  }
+  double selective_forward_flops() const override {
+    return p_.layers * 2.0 * static_cast<double>(p_.width) * p_.seq_len * p_.seq_len;
   }
 
  private:

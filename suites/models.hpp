@@ -12,6 +12,8 @@
 
 #include <torch/torch.h>
 
+#include "suites/checkpoint.hpp"
+
 namespace trainscope::suites {
 
 // What the data looks like, so that a model can size its input and output layers.
@@ -53,13 +55,29 @@ class ReferenceModel : public torch::nn::Module {
   using Boundary = std::function<torch::Tensor(const std::string& block, torch::Tensor x)>;
   void set_boundary(Boundary b) { boundary_ = std::move(b); }
 
+  // Activation checkpointing of the model's blocks (suites/checkpoint.hpp).
+  virtual void set_checkpoint(const CheckpointPolicy& p) { checkpoint_ = p; }
+  const CheckpointPolicy& checkpoint_policy() const { return checkpoint_; }
+  // Forward FLOPs per sample of each checkpointable block, and of what `selective` recomputes, so
+  // that the recomputation's FLOPs (HFU) are analytic too.
+  virtual std::vector<double> block_forward_flops() const = 0;
+  virtual double selective_forward_flops() const { return 0; }
+  double recompute_flops_per_sample() const;
+
  protected:
   torch::Tensor boundary(const std::string& block, torch::Tensor x) {
     return boundary_ ? boundary_(block, std::move(x)) : x;
   }
+  // Runs block `index` (fn over x, with the parameters of `owner`), checkpointed if the policy says so.
+  torch::Tensor run_block(int64_t index, torch::nn::Module& owner, const BlockFn& fn, const torch::Tensor& x) {
+    if (!checkpoint_.checkpoints_block(index) || !is_training() || !torch::GradMode::is_enabled()) return fn(x);
+    const std::vector<torch::Tensor> params = owner.parameters();
+    return checkpoint(fn, x, params, checkpoint_.restore_rng, checkpoint_.check);
+  }
 
  private:
   Boundary boundary_;
+  CheckpointPolicy checkpoint_;
 };
 
 std::shared_ptr<ReferenceModel> make_model(const ModelPreset& preset, const DataShape& shape);

@@ -107,6 +107,24 @@ Suite parse_suite(const std::string& text, const std::string& origin) {
           s.when.push_back({axis, v, settings_table(as_table(*settings, at + "." + value), at + "." + value)});
         }
       }
+    } else if (key == "frontier") {
+      const toml::table& t = as_table(*node, where);
+      json f{{"budget", "none"}, {"steps", 3}, {"start", 8}, {"limit", 4096}, {"models", json::array()}};
+      for (const auto& [k, v] : in_file_order(t)) {
+        const std::string at = where + "." + k;
+        if (k == "budget") f[k] = validate_value("memory_budget", to_json_value(*v, at));
+        else if (k == "steps" || k == "start" || k == "limit") {
+          if (!v->is_integer() || v->as_integer()->get() < 1) throw UsageError(at + ": expected a positive integer");
+          f[k] = v->as_integer()->get();
+        } else if (k == "models") {
+          const toml::array* arr = v->as_array();
+          if (!arr) throw UsageError(at + ": expected a list of models");
+          for (const auto& m : *arr) f[k].push_back(validate_value("model", to_json_value(m, at)));
+        } else {
+          throw UsageError(at + ": unknown key (allowed: budget, steps, start, limit, models)");
+        }
+      }
+      s.frontier = f;
     } else if (key == "cells") {
       const toml::array* arr = node->as_array();
       if (!arr || !arr->is_array_of_tables()) throw UsageError(where + ": expected [[cells]] tables");
@@ -120,7 +138,7 @@ Suite parse_suite(const std::string& text, const std::string& origin) {
         s.extra_cells.emplace_back(cell_name, settings_table(t, at));
       }
     } else {
-      throw UsageError(where + ": unknown key (allowed: name, description, base, axes, when, cells)");
+      throw UsageError(where + ": unknown key (allowed: name, description, base, axes, when, cells, frontier)");
     }
   }
   if (s.name.empty()) throw UsageError(origin + ": missing 'name'");
@@ -202,7 +220,7 @@ json suite_to_json(const Suite& suite) {
   json extra = json::array();
   for (const auto& [name, settings] : suite.extra_cells) extra.push_back({{"name", name}, {"settings", settings}});
   return json{{"name", suite.name}, {"description", suite.description}, {"source", suite.source},
-              {"base", suite.base}, {"axes", axes}, {"when", when}, {"cells", extra}};
+              {"base", suite.base}, {"axes", axes}, {"when", when}, {"cells", extra}, {"frontier", suite.frontier}};
 }
 
 }  // namespace trainscope::suites

@@ -10,6 +10,9 @@
 //   precision = ["32-true", "bf16-mixed"]
 //   [when.model.gpt-tiny]        # settings for the cells whose axis `model` is `gpt-tiny`
 //   batch_size = 32
+//   [frontier]                   # largest batch under a budget, per policy (optional)
+//   budget = "48MiB"
+//   models = ["gpt-tiny"]
 //   [[cells]]                    # extra cells beside the matrix: a name and settings over [base]
 //   name = "mlp/16-mixed/stress"
 //   precision = "16-mixed"
@@ -37,6 +40,9 @@ struct Suite {
   std::vector<Axis> axes;
   std::vector<WhenRule> when;
   std::vector<std::pair<std::string, json>> extra_cells;  // name, settings over the base
+  // [frontier]: search the largest batch under `budget` for each distinct cell configuration (batch
+  // size aside) of the listed models; {"budget", "steps", "start", "limit", "models"}; null: none.
+  json frontier;
 };
 
 struct Cell {

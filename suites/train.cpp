@@ -43,6 +43,8 @@ std::string unsupported_reason(const RunConfig& c, const std::string& device) {
   }
 #endif
   const ModelPreset& m = model_preset(c.model);
+  if (c.checkpoint == "selective" && m.family != "gpt")
+    return "selective checkpointing recomputes the attention core; " + m.name + " has no attention (it would equal none)";
   const std::string data = resolve_data(c.data, m);
   if (m.family == "gpt" && data != "synthetic-tokens") return "model " + m.name + " needs token data, not " + data;
   if (m.family != "gpt" && data == "synthetic-tokens") return "model " + m.name + " needs image data, not " + data;
@@ -54,6 +56,7 @@ std::string unsupported_reason(const RunConfig& c, const std::string& device) {
 Trainer::Trainer(const RunConfig& config, const std::string& device)
     : config_(config), device_(device), preset_(model_preset(config.model)),
       mode_(precision_mode(config.precision, device)) {
+  preset_.dropout = config.dropout;
   torch::manual_seed(static_cast<uint64_t>(config.seed));
   // 32-true is strict fp32; tf32 lets cuBLAS and cuDNN use TF32 tensor cores.
   at::globalContext().setAllowTF32CuBLAS(config.precision == "tf32");
@@ -62,6 +65,9 @@ Trainer::Trainer(const RunConfig& config, const std::string& device)
   data_ = make_data(config.data, preset_, config.seed);
   model_ = make_model(preset_, data_->shape());
   model_->to(device_, mode_.param_dtype);
+  CheckpointPolicy policy = CheckpointPolicy::parse(config.checkpoint);
+  policy.check = config.checkpoint_check;
+  model_->set_checkpoint(policy);
   model_->set_boundary([this](const std::string& block, torch::Tensor x) { return boundary(block, std::move(x)); });
   if (mode_.emulated) weight_rounding_ = std::make_unique<Fp16WeightRounding>(model_->parameters());
   if (mode_.scaler)
@@ -84,6 +90,7 @@ RunInfo Trainer::info() const {
   r.parameters = count_parameters(*model_);
   r.flops_per_sample = model_->training_flops_per_sample();
   r.tokens_per_sample = model_->tokens_per_sample();
+  r.recompute_flops_per_sample = model_->recompute_flops_per_sample();
   return r;
 }
 

@@ -83,10 +83,11 @@ TEST(Cli, BadArgumentsAreOneLineErrorsWithExit2) {
   const std::vector<Case> cases = {
       {"run --set precision=fp16", "unknown precision 'fp16' (allowed: 32-true, tf32, bf16-mixed, 16-mixed"},
       {"run --set stepz=3", "unknown key 'stepz' (allowed: model, data, precision"},
+      {"run --set checkpoint=half", "unknown checkpoint 'half' (allowed: none, full, every:<k>, selective)"},
       {"run --steps ten", "bad value 'ten' for 'steps': expected a number"},
       {"run --device gpu", "unknown device 'gpu' (allowed: auto, cpu, cuda, cuda:<index>)"},
       {"run --set steps", "--set expects key=value"},
-      {"run --suite no-such-suite", "unknown suite 'no-such-suite' (built-in: precision, quick"},
+      {"run --suite no-such-suite", "unknown suite 'no-such-suite' (built-in: checkpointing, precision, quick"},
       {"run --suite " + malformed, "malformed.toml:2:"},
       {"run --suite " + unknown_key, "base.batchsize: unknown key 'batchsize'"},
       {"run --filter 'nothing-matches-this'", "no cell of suite 'quick' matches"},
@@ -229,6 +230,32 @@ TEST(Cli, PrecisionStressCellsShowScalerAndDivergenceInTheReport) {
   const Result valid = sh("/usr/bin/python3 " + source_dir() + "/tests/validate_report.py " + source_dir() +
                           "/reports/schema/report.schema.json " + out + "/report.json");
   EXPECT_EQ(valid.code, 0) << valid.out;
+}
+
+TEST(Cli, AnOomCellIsRecordedAndTheNextCellRuns) {
+  const std::string out = tmp("oom");
+  sh("rm -rf " + out);
+  const std::string suite = write("oom.toml", R"(
+name = "oom"
+[base]
+model = "gpt-tiny"
+steps = 3
+warmup_steps = 1
+batch_size = 16
+[axes]
+memory_budget = ["4MiB", "none"]
+)");
+  const Result r = ts("run --suite " + suite + " --out " + out);
+  EXPECT_EQ(r.code, 1) << r.out;
+  const json report = read_json(out + "/report.json");
+  ASSERT_EQ(report["cells"].size(), 2u);
+  EXPECT_EQ(report["cells"][0]["status"], "oom");
+  EXPECT_NE(report["cells"][0]["reason"].get<std::string>().find("out of memory in"), std::string::npos);
+  EXPECT_NE(report["cells"][0]["reason"].get<std::string>().find("budget 4194304 bytes"), std::string::npos);
+  EXPECT_EQ(report["cells"][1]["status"], "ok");
+  const Result bad = ts("run --memory-budget lots");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("expected none or a size such as 512MiB"), std::string::npos) << bad.out;
 }
 
 TEST(Cli, ResumeReusesFinishedCells) {

@@ -83,7 +83,7 @@ TEST(SuiteFile, ErrorsNameTheKeyAndTheAllowedValues) {
   EXPECT_NE(parse("[base]\nsteps=1\n").find("missing 'name'"), std::string::npos);
   // A TOML syntax error names the line and column.
   EXPECT_NE(parse("name = 'x'\n[base\n").find("bad.toml:2:"), std::string::npos);
-  EXPECT_NE(error_of([] { load_suite("no-such-suite"); }).find("built-in: precision, quick"), std::string::npos);
+  EXPECT_NE(error_of([] { load_suite("no-such-suite"); }).find("built-in: checkpointing, precision, quick"), std::string::npos);
 }
 
 TEST(SuiteFile, ExtraCellsBesideTheMatrix) {
@@ -136,6 +136,10 @@ TEST(Config, BuiltinSuitesParse) {
   const auto quick = expand(load_suite("quick"));
   ASSERT_EQ(quick.size(), 4u);
   const auto precision = expand(load_suite("precision"));
+  const auto ckpt = expand(load_suite("checkpointing"));
+  ASSERT_EQ(ckpt.size(), 16u);  // 2 models x 4 policies x 2 batch sizes
+  EXPECT_EQ(ckpt[2].name, "gpt-tiny/ckpt-full/bs16");
+  EXPECT_EQ(load_suite("checkpointing").frontier["budget"], "64MiB");
   ASSERT_EQ(precision.size(), 15u);  // 2 models x 6 modes + 3 stress cells
   EXPECT_EQ(precision[4].name, "mlp/16-mixed-noscale");
   EXPECT_EQ(quick[0].name, "mlp/32-true");

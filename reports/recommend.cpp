@@ -187,6 +187,7 @@ json recommend(const json& report) {
   for (const auto& [key, group] : by_config) {
     std::string text;
     json evidence = json::object(), cells = json::array();
+    double best_saving = -1e9;
     for (const json* c : group) {
       const json& k = (*c)["checkpointing"];
       if (!k["memory_saved_pct"].is_number() || !k["recompute_overhead_pct"].is_number()) continue;
@@ -195,11 +196,20 @@ json recommend(const json& report) {
               format_signed_pct(-k["memory_saved_pct"].get<double>()) + ", step time " +
               format_signed_pct(k["recompute_overhead_pct"].get<double>());
       evidence[policy] = k;
+      best_saving = std::max(best_saving, k["memory_saved_pct"].get<double>());
       cells.push_back((*c)["name"]);
       if (cells.size() == 1) cells.push_back(k["reference"]);
     }
     if (text.empty()) continue;
     const json& cfg = group.front()->at("config");
+    if (best_saving < 5.0) {  // the peak is not made of activations: recomputing buys nothing
+      out.push_back(rec("checkpoint.leave-off", "info",
+                        cfg.value("model", "?") + " at batch " + std::to_string(cfg.value("batch_size", 0)) +
+                            ": no policy lowers peak memory by 5% or more (" + text +
+                            "); the peak is not activations: leave checkpointing off",
+                        evidence, cells));
+      continue;
+    }
     out.push_back(rec("checkpoint.tradeoff", "info",
                       cfg.value("model", "?") + " at batch " + std::to_string(cfg.value("batch_size", 0)) +
                           ", against no checkpointing: " + text,

@@ -1,22 +1,17 @@
 // Suite files, configuration values and axis expansion.
 #include <gtest/gtest.h>
 
+#include "test_support.hpp"
+
 #include "core/errors.hpp"
 #include "suites/suite_file.hpp"
 
 using namespace trainscope;
 using namespace trainscope::suites;
 
-namespace {
+using trainscope::test::error_of;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "";
-}
+namespace {
 
 const char* kSuite = R"(
 # a comment

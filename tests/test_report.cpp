@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "test_support.hpp"
+
 #include "test_paths.hpp"
 
 #include "core/errors.hpp"
@@ -10,6 +12,8 @@
 
 using namespace trainscope;
 using namespace trainscope::reports;
+
+using trainscope::test::error_of;
 
 namespace {
 
@@ -38,15 +42,6 @@ json env_with_blas(bool reference) {
   return json{{"blas", {{"name", reference ? "reference BLAS (netlib)" : "OpenBLAS (openmp)"},
                         {"path", "/usr/lib/x/libblas.so.3"},
                         {"reference", reference}}}};
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace
@@ -125,4 +120,28 @@ TEST(Recommendations, ReferenceBlasAndFailedCells) {
   EXPECT_EQ(recs[1]["id"], "run.cells-failed");
   EXPECT_EQ(recs[1]["severity"], "critical");
   EXPECT_NE(recs[1]["text"].get<std::string>().find("timed out after 5 s"), std::string::npos);
+}
+
+TEST(Recommendations, CheckpointingTradeoffAndLeaveOff) {
+  auto ckpt_cell = [](const std::string& policy, double peak, double p50) {
+    json c = cell("gpt-tiny", "32-true", p50, 1.0, 0.5);
+    c["config"]["checkpoint"] = policy;
+    c["name"] = "gpt-tiny/" + policy;
+    c["metrics"]["memory"]["peak_bytes"] = peak;
+    c["metrics"]["memory"]["activation_bytes"] = peak / 2;
+    return c;
+  };
+  const json saves = make_report(env_with_blas(false), json::object(),
+                                 {ckpt_cell("none", 100e6, 0.10), ckpt_cell("full", 40e6, 0.13)});
+  EXPECT_NEAR(saves["cells"][1]["checkpointing"]["memory_saved_pct"].get<double>(), 60.0, 1e-9);
+  EXPECT_NEAR(saves["cells"][1]["checkpointing"]["recompute_overhead_pct"].get<double>(), 30.0, 1e-9);
+  ASSERT_EQ(saves["recommendations"].size(), 1u);
+  EXPECT_EQ(saves["recommendations"][0]["id"], "checkpoint.tradeoff");
+  EXPECT_NE(saves["recommendations"][0]["text"].get<std::string>().find("full: peak memory -60%, step time +30%"),
+            std::string::npos);
+
+  const json none_saved = make_report(env_with_blas(false), json::object(),
+                                      {ckpt_cell("none", 100e6, 0.10), ckpt_cell("full", 99e6, 0.12)});
+  ASSERT_EQ(none_saved["recommendations"].size(), 1u);
+  EXPECT_EQ(none_saved["recommendations"][0]["id"], "checkpoint.leave-off");
 }

@@ -70,10 +70,11 @@ std::string render_summary(const json& report) {
   for (size_t x : w) rule.push_back(std::string(x, '-'));
   line(rule);
   for (const auto& r : rows) line(r);
+  std::string emulated;
   for (const auto& c : report["cells"])
-    if (c.value("emulated", false))
-      out << "  " << c["name"].get<std::string>()
-          << ": emulated (fp16 rounded in software on this device): its numerics are fp16's, its speed is not\n";
+    if (c.value("emulated", false)) emulated += (emulated.empty() ? "" : ", ") + c["name"].get<std::string>();
+  if (!emulated.empty())
+    out << "  emulated (fp16 rounded in software on this device: fp16's numerics, not its speed): " << emulated << "\n";
   for (const auto& c : report["cells"])
     if (c.contains("reason") && c["reason"].is_string() && !c["reason"].get<std::string>().empty())
       out << "  " << c["name"].get<std::string>() << ": " << c["status"].get<std::string>() << ": "

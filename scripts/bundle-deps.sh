@@ -17,8 +17,13 @@ if ! apt-get download "${packages[@]}" 2>/tmp/bundle-deps.err; then
   exit 1
 fi
 for deb in ./*.deb; do dpkg-deb -x "$deb" "$deps_dir"; done
-# zlib's development symlink points at an absolute /lib path on some releases: make it relative.
-for so in "$deps_dir"/usr/lib/*/libz.so; do
+cd "$deps_dir"
+rm -rf debs
+# zlib's runtime sits in /lib/<arch> and its development symlink in /usr/lib/<arch>: put them together.
+for so in lib/*/libz.so.*; do
+  [ -e "$so" ] && mv "$so" "usr/$so"
+done
+for so in usr/lib/*/libz.so; do
   [ -L "$so" ] && ln -sf "$(basename "$(readlink "$so")")" "$so"
 done
 echo "bundle-deps: ${#packages[@]} packages unpacked into $deps_dir ($(du -sh "$deps_dir" | cut -f1))"

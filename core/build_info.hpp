@@ -8,7 +8,6 @@ namespace trainscope {
 
 const char* version();
 const char* commit();
-const char* torch_cmake_version();
 // The CUDA toolkit's library folder found at configure time ("" without the toolkit).
 const char* cuda_library_dir();
 // (name, TOML text) of every file in suites/catalog/, in name order.

@@ -223,8 +223,6 @@ int64_t memory_budget_bytes(const RunConfig& c) {
   return static_cast<int64_t>(bytes);
 }
 
-json config_for_report(const RunConfig& c) { return c.to_json(); }
-
 std::string axis_label(const std::string& key, const json& value) {
   const std::string v = describe(value);
   if (key == "model" || key == "precision" || key == "parallel" || key == "method" || key == "data" ||

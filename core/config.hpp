@@ -69,9 +69,6 @@ struct RunConfig {
   static RunConfig from_json(const json& j);
 };
 
-// The subset of the config that the report contract names (DESIGN.md), plus the rest.
-json config_for_report(const RunConfig& c);
-
 // The budget in bytes (0: none).
 int64_t memory_budget_bytes(const RunConfig& c);
 

@@ -143,8 +143,10 @@ json read_report(const std::string& path_or_dir) {
     if (!r.contains(key)) throw UsageError(path + ": report lacks \"" + key + "\"");
   if (!r["cells"].is_array()) throw UsageError(path + ": \"cells\" is not a list");
   for (const auto& c : r["cells"])
-    if (!c.is_object() || !c.contains("name") || !c.contains("status") || !c.contains("config"))
-      throw UsageError(path + ": a cell lacks name, status or config");
+    if (!c.is_object() || !c.contains("name") || !c["name"].is_string() || !c.contains("status") ||
+        !c["status"].is_string() || !c.contains("config") || !c["config"].is_object())
+      throw UsageError(path + ": a cell lacks a name, a status or a config of the right type");
+  if (!r["recommendations"].is_array()) throw UsageError(path + ": \"recommendations\" is not a list");
   return r;
 }
 

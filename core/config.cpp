@@ -57,7 +57,7 @@ const std::vector<KeySpec>& config_keys() {
       {"scaler_interval", KeyKind::Int, {}, 2000, "16-mixed: clean steps before the scale grows", 1},
       {"loss_multiplier", KeyKind::Float, {}, 1.0,
        "stress knob: backward runs on loss x this (every gradient scaled), the report keeps the true loss", 0},
-      {"overflow_every", KeyKind::Int, {}, 10, "sample per-block fp16 range statistics every k steps; 0: off", 0},
+      {"overflow_every", KeyKind::Int, {}, 20, "sample per-block fp16 range statistics every k steps; 0: off", 0},
       {"batch_size", KeyKind::Int, {}, 64, "samples per optimizer step", 1},
       {"steps", KeyKind::Int, {}, 100, "measured optimizer steps (after warm-up)", 1},
       {"warmup_steps", KeyKind::Int, {}, 5, "steps run before measuring", 0},

@@ -52,7 +52,7 @@ struct RunConfig {
   double scaler_init = 65536.0, scaler_growth = 2.0, scaler_backoff = 0.5;
   int64_t scaler_interval = 2000;
   double loss_multiplier = 1.0;
-  int64_t overflow_every = 10;
+  int64_t overflow_every = 20;
   int64_t batch_size = 64;
   int64_t steps = 100;
   int64_t warmup_steps = 5;

@@ -95,11 +95,11 @@ json validate_value(const std::string& key, const json& value) {
     case KeyKind::String: {
       if (!value.is_string()) throw bad("expected a string");
       if (key == "checkpoint") {
-        const std::string v = value.get<std::string>();
-        const bool every = v.rfind("every:", 0) == 0 && v.size() > 6 &&
-                           v.find_first_not_of("0123456789", 6) == std::string::npos && std::stoll(v.substr(6)) >= 1;
-        if (v != "none" && v != "full" && v != "selective" && !every)
-          throw UsageError("unknown checkpoint '" + v + "' (allowed: none, full, every:<k>, selective)");
+        std::string kind;
+        int64_t every = 1;
+        if (!parse_checkpoint(value.get<std::string>(), kind, every))
+          throw UsageError("unknown checkpoint '" + value.get<std::string>() +
+                           "' (allowed: none, full, every:<k>, selective)");
       }
       if (key == "memory_budget") {
         double bytes = 0;
@@ -215,6 +215,19 @@ RunConfig RunConfig::from_json(const json& j) {
   for (auto it = j.begin(); it != j.end(); ++it) merged[it.key()] = validate_value(it.key(), it.value());
   for_each_field(c, [&](const char* key, auto& field) { merged.at(key).get_to(field); });
   return c;
+}
+
+bool parse_checkpoint(const std::string& text, std::string& kind, int64_t& every) {
+  every = 1;
+  if (text == "none" || text == "full" || text == "selective") {
+    kind = text;
+    return true;
+  }
+  const std::string digits = text.rfind("every:", 0) == 0 ? text.substr(6) : "";
+  if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return false;
+  every = std::stoll(digits);
+  kind = "every";
+  return every >= 1;
 }
 
 int64_t memory_budget_bytes(const RunConfig& c) {

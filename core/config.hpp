@@ -69,6 +69,10 @@ struct RunConfig {
   static RunConfig from_json(const json& j);
 };
 
+// The checkpoint policy grammar: none | full | selective | every:<k> with k >= 1. False on anything
+// else; `every` gets k (1 for the other policies).
+bool parse_checkpoint(const std::string& text, std::string& kind, int64_t& every);
+
 // The budget in bytes (0: none).
 int64_t memory_budget_bytes(const RunConfig& c);
 

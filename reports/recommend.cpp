@@ -9,15 +9,6 @@
 namespace trainscope::reports {
 namespace {
 
-double get(const json& c, std::initializer_list<const char*> path) {
-  const json* at = &c;
-  for (const char* k : path) {
-    if (!at->is_object() || !at->contains(k)) return std::nan("");
-    at = &(*at)[k];
-  }
-  return at->is_number() ? at->get<double>() : std::nan("");
-}
-
 json rec(const std::string& id, const std::string& severity, const std::string& text, json evidence,
          json cells) {
   return json{{"id", id}, {"severity", severity}, {"text", text}, {"evidence", std::move(evidence)},
@@ -26,7 +17,6 @@ json rec(const std::string& id, const std::string& severity, const std::string& 
 
 // The thresholds the precision rule uses, written into its evidence.
 constexpr double kFaster = 1.10;        // at least 10% faster to recommend switching
-constexpr double kLossTolerance = 0.02;  // relative final-loss difference counted as "matches"
 constexpr double kAccuracyTolerance = 0.01;
 
 }  // namespace
@@ -62,23 +52,23 @@ json recommend(const json& report) {
     if (c["config"].value("precision", "") != "bf16-mixed" || c["status"] != "ok") continue;
     const json* base = fp32_sibling(report, c);
     if (!base || (*base)["status"] != "ok") continue;
-    const double t16 = get(c, {"metrics", "timing", "step_time_s", "p50"});
-    const double t32 = get(*base, {"metrics", "timing", "step_time_s", "p50"});
-    const double l16 = get(c, {"metrics", "quality", "final_loss"});
-    const double l32 = get(*base, {"metrics", "quality", "final_loss"});
-    const double a16 = get(c, {"metrics", "quality", "accuracy"});
-    const double a32 = get(*base, {"metrics", "quality", "accuracy"});
+    const double t16 = number_at(c, {"metrics", "timing", "step_time_s", "p50"});
+    const double t32 = number_at(*base, {"metrics", "timing", "step_time_s", "p50"});
+    const double l16 = number_at(c, {"metrics", "quality", "final_loss"});
+    const double l32 = number_at(*base, {"metrics", "quality", "final_loss"});
+    const double a16 = number_at(c, {"metrics", "quality", "accuracy"});
+    const double a32 = number_at(*base, {"metrics", "quality", "accuracy"});
     if (!(t16 > 0 && t32 > 0 && std::isfinite(l16) && std::isfinite(l32))) continue;
     const double speedup = t32 / t16;
     const double loss_diff = std::fabs(l16 - l32) / std::max(1e-12, std::fabs(l32));
     const bool acc_known = std::isfinite(a16) && std::isfinite(a32);
-    const bool matches = loss_diff <= kLossTolerance || (acc_known && std::fabs(a16 - a32) <= kAccuracyTolerance);
+    const bool matches = loss_diff <= kMatchFinalLoss || (acc_known && std::fabs(a16 - a32) <= kAccuracyTolerance);
     const std::string model = c["config"].value("model", "?");
     json evidence{{"step_time_p50_s", {{"32-true", t32}, {"bf16-mixed", t16}}},
                   {"speedup", speedup},
                   {"final_loss", {{"32-true", l32}, {"bf16-mixed", l16}}},
                   {"final_loss_rel_diff", loss_diff},
-                  {"thresholds", {{"faster", kFaster}, {"loss_rel", kLossTolerance}, {"accuracy_abs", kAccuracyTolerance}}}};
+                  {"thresholds", {{"faster", kFaster}, {"loss_rel", kMatchFinalLoss}, {"accuracy_abs", kAccuracyTolerance}}}};
     if (acc_known) evidence["accuracy"] = {{"32-true", a32}, {"bf16-mixed", a16}};
     const json cells = {base->at("name"), c["name"]};
     std::string quality = "final loss " + format_fixed(100 * loss_diff, 1) + "% from fp32";

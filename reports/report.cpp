@@ -16,6 +16,15 @@
 
 namespace trainscope::reports {
 
+double number_at(const json& j, std::initializer_list<const char*> path) {
+  const json* at = &j;
+  for (const char* k : path) {
+    if (!at->is_object() || !at->contains(k)) return std::nan("");
+    at = &(*at)[k];
+  }
+  return at->is_number() ? at->get<double>() : std::nan("");
+}
+
 json compare_numerics(const json& cell, const json& fp32) {
   if (fp32.value("status", "") != "ok" || !fp32.contains("metrics")) return nullptr;
   const std::string status = cell.value("status", "");
@@ -142,6 +151,8 @@ json read_report(const std::string& path_or_dir) {
   for (const char* key : {"trainscope", "created", "env", "suite", "cells", "recommendations"})
     if (!r.contains(key)) throw UsageError(path + ": report lacks \"" + key + "\"");
   if (!r["cells"].is_array()) throw UsageError(path + ": \"cells\" is not a list");
+  if (!r["created"].is_string() || !r["trainscope"].is_object() || !r["suite"].is_object() || !r["env"].is_object())
+    throw UsageError(path + ": \"created\", \"trainscope\", \"suite\" or \"env\" has the wrong type");
   for (const auto& c : r["cells"])
     if (!c.is_object() || !c.contains("name") || !c["name"].is_string() || !c.contains("status") ||
         !c["status"].is_string() || !c.contains("config") || !c["config"].is_object())

@@ -43,6 +43,9 @@ inline constexpr double kMatchCurve = 0.10;      // relative, at any logged step
 // The terminal table: cell, status, step p50, throughput, peak memory, loss/accuracy, speed-up.
 std::string render_summary(const json& report);
 
+// The number at `path` inside `j`, or NaN when a key is missing or the value is not a number.
+double number_at(const json& j, std::initializer_list<const char*> path);
+
 // Rules over the report, each citing the numbers it rests on.
 json recommend(const json& report);
 

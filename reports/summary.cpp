@@ -8,20 +8,6 @@
 namespace trainscope::reports {
 namespace {
 
-const json* find(const json& j, std::initializer_list<const char*> path) {
-  const json* at = &j;
-  for (const char* k : path) {
-    if (!at->is_object() || !at->contains(k)) return nullptr;
-    at = &(*at)[k];
-  }
-  return at->is_null() ? nullptr : at;
-}
-
-double number(const json& j, std::initializer_list<const char*> path, double fallback = -1) {
-  const json* v = find(j, path);
-  return v && v->is_number() ? v->get<double>() : fallback;
-}
-
 std::string pad(const std::string& s, size_t w, bool right = false) {
   if (s.size() >= w) return s;
   return right ? std::string(w - s.size(), ' ') + s : s + std::string(w - s.size(), ' ');
@@ -37,20 +23,20 @@ std::string render_summary(const json& report) {
     std::vector<std::string> r(head.size(), "-");
     r[0] = c["name"].get<std::string>();
     r[1] = c["status"].get<std::string>();
-    const double p50 = number(c, {"metrics", "timing", "step_time_s", "p50"});
+    const double p50 = number_at(c, {"metrics", "timing", "step_time_s", "p50"});
     if (p50 > 0) r[2] = format_seconds(p50);
-    const double tok = number(c, {"metrics", "timing", "tokens_per_s"});
-    const double smp = number(c, {"metrics", "timing", "samples_per_s"});
+    const double tok = number_at(c, {"metrics", "timing", "tokens_per_s"});
+    const double smp = number_at(c, {"metrics", "timing", "samples_per_s"});
     if (tok > 0) r[3] = format_rate(tok) + " tok/s";
     else if (smp > 0) r[3] = format_rate(smp) + " samp/s";
-    const double mem = number(c, {"metrics", "memory", "peak_bytes"});
+    const double mem = number_at(c, {"metrics", "memory", "peak_bytes"});
     if (mem >= 0) r[4] = format_bytes(mem);
-    const double loss = number(c, {"metrics", "quality", "final_loss"}, std::nan(""));
+    const double loss = number_at(c, {"metrics", "quality", "final_loss"});
     if (std::isfinite(loss)) r[5] = format_fixed(loss, 4);
-    const double acc = number(c, {"metrics", "quality", "accuracy"});
+    const double acc = number_at(c, {"metrics", "quality", "accuracy"});
     if (acc >= 0) r[6] = format_fixed(100 * acc, 1) + "%";
     if (const json* base = fp32_sibling(report, c)) {
-      const double b50 = number(*base, {"metrics", "timing", "step_time_s", "p50"});
+      const double b50 = number_at(*base, {"metrics", "timing", "step_time_s", "p50"});
       if (b50 > 0 && p50 > 0) r[7] = format_fixed(b50 / p50, 2) + "x";
     }
     rows.push_back(r);

@@ -3,24 +3,20 @@
 #include <mutex>
 
 #include "core/compat.hpp"
+#include "core/config.hpp"
 #include "core/errors.hpp"
 
 namespace trainscope::suites {
 
 CheckpointPolicy CheckpointPolicy::parse(const std::string& text) {
   CheckpointPolicy p;
-  if (text == "none") return p;
-  if (text == "full") {
-    p.kind = Kind::Full;
-  } else if (text == "selective") {
-    p.kind = Kind::Selective;
-  } else if (text.rfind("every:", 0) == 0 && text.size() > 6 &&
-             text.find_first_not_of("0123456789", 6) == std::string::npos && std::stoll(text.substr(6)) >= 1) {
-    p.kind = Kind::Every;
-    p.every = std::stoll(text.substr(6));
-  } else {
+  std::string kind;
+  if (!parse_checkpoint(text, kind, p.every))
     throw UsageError("unknown checkpoint '" + text + "' (allowed: none, full, every:<k>, selective)");
-  }
+  p.kind = kind == "full"        ? Kind::Full
+           : kind == "selective" ? Kind::Selective
+           : kind == "every"     ? Kind::Every
+                                 : Kind::None;
   return p;
 }
 

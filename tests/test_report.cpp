@@ -76,6 +76,10 @@ TEST(Report, CorruptOrForeignReportsAreOneLineErrors) {
   EXPECT_NE(error_of([&] { read_report(tmp("missing.json")); }).find("cannot read"), std::string::npos);
   json bad_cell = make_report(json::object(), json::object(), {cell("mlp", "32-true", 0.01, 0.5, 0.8)});
   bad_cell["cells"][0]["status"] = 5;
+  json bad_created = bad_cell;
+  bad_created["created"] = 20261202;
+  EXPECT_NE(error_of([&] { read_report(write("badcreated.json", bad_created.dump())); }).find("wrong type"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { read_report(write("badcell.json", bad_cell.dump())); }).find("of the right type"),
             std::string::npos);
 }

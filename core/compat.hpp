@@ -94,3 +94,31 @@ class AutocastGuard {
 };
 
 }  // namespace trainscope::compat
+
+namespace trainscope::compat {
+
+// c10d: in 1.13 ProcessGroupGloo/NCCL are themselves c10d::ProcessGroups; in 2.x they are Backends
+// that a dispatching ProcessGroup wraps (its constructor lost the Options argument in 2.6). A template,
+// so that only the file that includes the c10d headers instantiates it.
+template <typename ProcessGroup, typename Backend, typename Store>
+c10::intrusive_ptr<ProcessGroup> as_process_group(const c10::intrusive_ptr<Backend>& backend,
+                                                  const c10::intrusive_ptr<Store>& store, int rank, int size,
+                                                  bool nccl) {
+#if TRAINSCOPE_TORCH_AT_LEAST(2, 0)
+  const auto type = nccl ? ProcessGroup::BackendType::NCCL : ProcessGroup::BackendType::GLOO;
+#if TRAINSCOPE_TORCH_AT_LEAST(2, 6)
+  auto pg = c10::make_intrusive<ProcessGroup>(store, rank, size);
+#else
+  auto pg = c10::make_intrusive<ProcessGroup>(
+      store, rank, size, c10::make_intrusive<typename ProcessGroup::Options>(nccl ? "nccl" : "gloo"));
+#endif
+  pg->setBackend(nccl ? c10::DeviceType::CUDA : c10::DeviceType::CPU, type, backend);
+  pg->setDefaultBackend(type);
+  return pg;
+#else
+  (void)store, (void)rank, (void)size, (void)nccl;
+  return backend;
+#endif
+}
+
+}  // namespace trainscope::compat

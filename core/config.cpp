@@ -36,8 +36,17 @@ const std::vector<KeySpec>& config_keys() {
       {"precision", KeyKind::Choice,
        {"32-true", "tf32", "bf16-mixed", "16-mixed", "16-mixed-noscale", "bf16-true"}, "32-true",
        "numeric precision (Lightning's names; 16-mixed is emulated on CPU)"},
-      {"parallel", KeyKind::Choice, {"single"}, "single", "parallel strategy"},
-      {"world_size", KeyKind::Int, {}, 1, "number of ranks", 1},
+      {"parallel", KeyKind::Choice, {"single", "ddp", "zero1", "zero2", "zero3"}, "single",
+       "parallel strategy: single process, DDP (c10d reducer), ZeRO-1/2/3 (3 = FSDP-style full sharding)"},
+      {"world_size", KeyKind::Int, {}, 1, "number of ranks (batch_size is per rank)", 1},
+      {"backend", KeyKind::Choice, {"auto", "gloo", "nccl"}, "auto", "collectives: auto = NCCL on CUDA, Gloo on CPU"},
+      {"bucket_mb", KeyKind::Float, {}, 25.0, "ddp: gradient bucket size in MiB", 0},
+      {"collective_timeout_s", KeyKind::Float, {}, 60.0,
+       "a rank waiting this long in a collective or rendezvous gives up (a peer died or hangs)", 1},
+      {"augment", KeyKind::Bool, {}, false, "random horizontal flips of images, drawn per rank"},
+      {"rng_every", KeyKind::Int, {}, 10, "multi-rank: fingerprint RNG streams and parameters every k steps", 1},
+      {"save_parameters", KeyKind::Bool, {}, false,
+       "write every rank's final parameters (full, gathered) next to the cell result, for comparisons"},
       {"checkpoint", KeyKind::String, {}, "none", "activation checkpointing: none, full, every:<k>, selective"},
       {"checkpoint_check", KeyKind::Bool, {}, false,
        "compare every recomputed block output with the original (determinism check)"},
@@ -67,8 +76,12 @@ const std::vector<KeySpec>& config_keys() {
       {"timeout_s", KeyKind::Float, {}, 600.0, "wall-clock limit of the cell's process", 0},
       {"log_every", KeyKind::Int, {}, 0, "loss-curve sampling interval; 0: about 50 points", 0},
       {"eval", KeyKind::Bool, {}, true, "evaluate test accuracy after training (classifiers)"},
-      {"inject", KeyKind::Choice, {"none", "crash", "abort", "hang", "throw"}, "none",
-       "inject a fault into the cell's process (to test isolation)"},
+      {"inject", KeyKind::Choice,
+       {"none", "crash", "abort", "hang", "throw", "same-data-seed", "skip-broadcast", "rank-dropout-seed"}, "none",
+       "inject a fault: crash/abort/hang/throw the process (isolation); same-data-seed, skip-broadcast, "
+       "rank-dropout-seed break the ranks' RNG and weights (the RNG probe must catch them)"},
+      {"inject_rank", KeyKind::Int, {}, -1, "the rank a process fault hits; -1: every rank", -1},
+      {"inject_step", KeyKind::Int, {}, 0, "the training step before which a process fault fires", 0},
   };
   return keys;
 }
@@ -174,6 +187,12 @@ static void for_each_field(Config& c, Visit&& v) {
   v("precision", c.precision);
   v("parallel", c.parallel);
   v("world_size", c.world_size);
+  v("backend", c.backend);
+  v("bucket_mb", c.bucket_mb);
+  v("collective_timeout_s", c.collective_timeout_s);
+  v("augment", c.augment);
+  v("rng_every", c.rng_every);
+  v("save_parameters", c.save_parameters);
   v("checkpoint", c.checkpoint);
   v("checkpoint_check", c.checkpoint_check);
   v("dropout", c.dropout);
@@ -200,6 +219,8 @@ static void for_each_field(Config& c, Visit&& v) {
   v("log_every", c.log_every);
   v("eval", c.eval);
   v("inject", c.inject);
+  v("inject_rank", c.inject_rank);
+  v("inject_step", c.inject_step);
 }
 
 json RunConfig::to_json() const {

@@ -38,7 +38,13 @@ struct RunConfig {
   std::string data = "auto";  // auto: the model's natural data (see suites/data.hpp)
   std::string precision = "32-true";
   std::string parallel = "single";
-  int64_t world_size = 1;
+  int64_t world_size = 1;  // ranks; batch_size is per rank, the global batch is world_size x batch_size
+  std::string backend = "auto";
+  double bucket_mb = 25.0;
+  double collective_timeout_s = 60.0;
+  bool augment = false;
+  int64_t rng_every = 10;
+  bool save_parameters = false;
   std::string checkpoint = "none";
   bool checkpoint_check = false;
   double dropout = 0.0;
@@ -62,7 +68,9 @@ struct RunConfig {
   double timeout_s = 600;
   int64_t log_every = 0;  // 0: about 50 points on the loss curve
   bool eval = true;
-  std::string inject = "none";  // fault injection for testing isolation: crash, abort, hang, throw
+  std::string inject = "none";  // fault injection: process faults and RNG faults (see config_keys())
+  int64_t inject_rank = -1;
+  int64_t inject_step = 0;
 
   json to_json() const;
   // Strict: unknown keys and bad values raise UsageError. Missing keys keep their defaults.

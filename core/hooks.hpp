@@ -25,6 +25,29 @@ struct RunInfo {
   int64_t tokens_per_sample = 0;     // 0 for non-sequence models
   double peak_flops_per_s = 0;       // measured GEMM peak of the compute dtype; 0 when unknown
   std::string peak_source;           // how the peak was obtained
+  int64_t rank = 0, world_size = 1;
+  std::string collectives;           // how the collectives are implemented ("" on one rank)
+};
+
+// One collective the parallel layer ran (DESIGN.md: collective begin/end). `bytes` follows
+// nccl-tests: the per-rank buffer for all-reduce and broadcast, the full (gathered) buffer for
+// all-gather and reduce-scatter.
+struct CollectiveInfo {
+  std::string op;  // all-reduce | all-gather | reduce-scatter | broadcast
+  int64_t bytes = 0;
+  int64_t group_size = 1;
+  double seconds = 0;        // launch to completion
+  double exposed_s = 0;      // of which the step waited (blocking collectives: all of it)
+  int64_t step = -1;         // -1 outside training steps (set-up)
+};
+
+// A fingerprint (64-bit hash) of one RNG stream or state on this rank. `cls` is must-match (equal on
+// every rank: parameters after sync, generator states the replicated model draws from) or
+// should-differ (data shards, augmentation draws).
+struct Fingerprint {
+  std::string stream, cls;
+  int64_t step = 0;
+  uint64_t value = 0;
 };
 
 struct StepInfo {
@@ -51,7 +74,8 @@ class BlockObserver {
 // Model-state bytes (DESIGN.md's memory definition), measured from the live tensors.
 struct ModelStateBytes {
   int64_t params = 0, grads = 0, optimizer = 0;
-  int64_t expected = 0;  // analytic: P*bytes(param) + P*bytes(grad) + optimizer states
+  int64_t expected = 0;  // analytic (ZeRO paper): parameters + gradients + optimizer states per rank
+  std::string expected_formula;
 };
 
 struct RunEnd {
@@ -70,6 +94,9 @@ class Probe {
   virtual void optimizer_end(const StepInfo&) {}
   virtual void step_end(const StepInfo&) {}
   virtual void run_end(const RunEnd&) {}
+  virtual void collective(const CollectiveInfo&) {}
+  virtual bool wants_fingerprints(int64_t step) const { return false; }
+  virtual void fingerprint(const Fingerprint&) {}
   virtual json section() const = 0;
   virtual BlockObserver* block_observer() { return nullptr; }
 };
@@ -92,6 +119,13 @@ class Hooks {
   void optimizer_end(const StepInfo& s) { for (auto& p : probes_) p->optimizer_end(s); }
   void step_end(const StepInfo& s) { for (auto& p : probes_) p->step_end(s); }
   void run_end(const RunEnd& e) { for (auto& p : probes_) p->run_end(e); }
+  void collective(const CollectiveInfo& c) { for (auto& p : probes_) p->collective(c); }
+  bool wants_fingerprints(int64_t step) const {
+    for (const auto& p : probes_)
+      if (p->wants_fingerprints(step)) return true;
+    return false;
+  }
+  void fingerprint(const Fingerprint& f) { for (auto& p : probes_) p->fingerprint(f); }
 
  private:
   std::vector<std::shared_ptr<Probe>> probes_;

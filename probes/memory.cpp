@@ -182,7 +182,9 @@ json MemoryProbe::section() const {
     j["model_state_bytes"] = {{"params", model_state_.params},
                               {"grads", model_state_.grads},
                               {"optimizer", model_state_.optimizer}};
+    j["model_state_total_bytes"] = model_state_.params + model_state_.grads + model_state_.optimizer;
     j["expected_model_state_bytes"] = model_state_.expected;
+    j["expected_model_state_formula"] = model_state_.expected_formula;
     j["model_state_difference_bytes"] =
         model_state_.params + model_state_.grads + model_state_.optimizer - model_state_.expected;
   }

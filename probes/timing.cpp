@@ -135,20 +135,25 @@ json TimingProbe::section() const {
                        {"backward", to_json(summarize(bwd))},
                        {"optimizer", to_json(summarize(opt))}};
   j["clock"] = clock_ ? clock_->kind() : "none";
-  const double samples_per_s = st.count > 0 && st.mean > 0 ? samples_per_step_ / st.mean : std::nan("");
+  // Global throughput: every rank steps in lockstep on its own slice of the global batch. FLOP/s are
+  // global too; MFU divides by the peak of all the devices (the per-device peak x ranks).
+  const double world = static_cast<double>(std::max<int64_t>(info_.world_size, 1));
+  const double per_device = st.count > 0 && st.mean > 0 ? samples_per_step_ / st.mean : std::nan("");
+  const double samples_per_s = per_device * world;
   j["samples_per_s"] = samples_per_s;
-  j["samples_per_s_per_device"] = samples_per_s;  // one device until the parallel layer lands
+  j["samples_per_s_per_device"] = per_device;
   j["tokens_per_s"] = info_.tokens_per_sample > 0 ? json(samples_per_s * info_.tokens_per_sample) : json(nullptr);
   const double flops = samples_per_s * info_.flops_per_sample;
+  const double peak = info_.peak_flops_per_s * world;
   j["flops_per_sample"] = info_.flops_per_sample;
   j["flops_per_s"] = flops;
   j["peak_flops_per_s"] = nan_if_zero(info_.peak_flops_per_s);
   j["peak_source"] = info_.peak_flops_per_s > 0 ? json(info_.peak_source) : json(nullptr);
-  j["mfu"] = info_.peak_flops_per_s > 0 ? json(flops / info_.peak_flops_per_s) : json(nullptr);
+  j["mfu"] = peak > 0 ? json(flops / peak) : json(nullptr);
   // HFU counts what the hardware did, recomputation included.
   const double hw_flops = samples_per_s * (info_.flops_per_sample + info_.recompute_flops_per_sample);
   j["recompute_flops_per_sample"] = info_.recompute_flops_per_sample;
-  j["hfu"] = info_.peak_flops_per_s > 0 ? json(hw_flops / info_.peak_flops_per_s) : json(nullptr);
+  j["hfu"] = peak > 0 ? json(hw_flops / peak) : json(nullptr);
   return j;
 }
 

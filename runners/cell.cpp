@@ -1,16 +1,20 @@
 #include "runners/cell.hpp"
 
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <thread>
 
 #include "core/errors.hpp"
+#include "probes/comm.hpp"
 #include "probes/env.hpp"
 #include "probes/gpu.hpp"
 #include "probes/memory.hpp"
 #include "probes/overflow.hpp"
+#include "probes/rng.hpp"
 #include "probes/timing.hpp"
 #include "reports/report.hpp"
+#include "suites/comm.hpp"
 #include "suites/train.hpp"
 
 #ifdef TRAINSCOPE_TORCH_CUDA
@@ -21,13 +25,37 @@
 namespace trainscope::runners {
 namespace {
 
-// Faults for testing the isolation (config key `inject`).
-void inject_fault(const std::string& kind) {
-  if (kind == "crash") std::raise(SIGSEGV);
-  if (kind == "abort") std::abort();
-  if (kind == "throw") throw std::runtime_error("injected exception");
-  if (kind == "hang")
-    while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+// Process faults for testing the isolation (config keys `inject`, `inject_rank`, `inject_step`): they
+// fire before training step `inject_step` on the chosen rank (every rank for -1).
+class FaultProbe : public Probe {
+ public:
+  FaultProbe(const RunConfig& c, int rank) : kind_(c.inject), step_(c.inject_step) {
+    armed_ = c.inject_rank < 0 || c.inject_rank == rank;
+  }
+  std::string name() const override { return "fault"; }
+  void step_begin(const StepInfo& s) override {
+    if (!armed_ || s.step != step_) return;
+    if (kind_ == "crash") std::raise(SIGSEGV);
+    if (kind_ == "abort") std::abort();
+    if (kind_ == "throw") throw std::runtime_error("injected exception");
+    if (kind_ == "hang")
+      while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  json section() const override { return nullptr; }
+
+ private:
+  std::string kind_;
+  int64_t step_;
+  bool armed_ = false;
+};
+
+json at_path(const json& j, std::initializer_list<const char*> path) {
+  const json* cur = &j;
+  for (const char* key : path) {
+    if (!cur->is_object() || !cur->contains(key)) return nullptr;
+    cur = &(*cur)[key];
+  }
+  return *cur;
 }
 
 // On a GPU the budget caps the caching allocator (a fraction of the device's memory); without one the
@@ -56,31 +84,95 @@ json quality_section(const suites::TrainOutcome& o) {
 
 }  // namespace
 
+std::string parameters_path(const std::string& result_path) {
+  const std::string stem = result_path.size() > 5 && result_path.substr(result_path.size() - 5) == ".json"
+                               ? result_path.substr(0, result_path.size() - 5)
+                               : result_path;
+  return stem + ".params.pt";
+}
+
 json cell_without_metrics(const std::string& name, const json& config, const std::string& device,
                           const std::string& status, const std::string& reason) {
   return json{{"name", name}, {"config", config},  {"device", device},
               {"status", status}, {"reason", reason}, {"emulated", false}};
 }
 
-int cell_main(const std::string& spec_path, const std::string& result_path) {
+json merge_ranks(const std::vector<json>& cells) {
+  json merged = cells.at(0);
+  json ranks = json::array();
+  std::vector<json> rng;
+  double slowest = -1, fastest = -1;
+  int64_t slow_rank = 0;
+  for (size_t r = 0; r < cells.size(); ++r) {
+    const json m = cells[r].value("metrics", json::object());
+    const json p50 = at_path(m, {"timing", "step_time_s", "p50"});
+    ranks.push_back({{"rank", r},
+                     {"status", cells[r].value("status", "failed")},
+                     {"step_time_p50_s", p50},
+                     {"samples_per_s_per_device", at_path(m, {"timing", "samples_per_s_per_device"})},
+                     {"peak_bytes", at_path(m, {"memory", "peak_bytes"})},
+                     {"model_state_bytes", at_path(m, {"memory", "model_state_total_bytes"})},
+                     {"comm_time_s", at_path(m, {"comm", "comm_time_s"})},
+                     {"exposed_comm_time_s", at_path(m, {"comm", "exposed_comm_time_s"})}});
+    if (p50.is_number()) {
+      if (p50.get<double>() > slowest) slowest = p50.get<double>(), slow_rank = static_cast<int64_t>(r);
+      if (fastest < 0 || p50.get<double>() < fastest) fastest = p50.get<double>();
+    }
+    rng.push_back(at_path(m, {"rng"}));
+    // A rank that ended otherwise (a divergence only it saw) decides the cell's status.
+    if (merged["status"] == "ok" && cells[r].value("status", "ok") != "ok") {
+      merged["status"] = cells[r]["status"];
+      merged["reason"] = "rank " + std::to_string(r) + ": " + cells[r].value("reason", "");
+    }
+  }
+  merged["ranks"] = ranks;
+  merged["slowest_rank"] = slowest >= 0 ? json(slow_rank) : json(nullptr);
+  merged["rank_step_time_spread"] = fastest > 0 ? json(slowest / fastest - 1) : json(nullptr);
+  if (merged.contains("metrics") && merged["metrics"].contains("rng")) {
+    json verdicts = probes::compare_rng(rng);
+    verdicts["every"] = merged["metrics"]["rng"].value("every", json(nullptr));
+    merged["metrics"]["rng"] = verdicts;
+  }
+  return merged;
+}
+
+int cell_main(const std::string& spec_path, const std::string& result_path, const CellRank& rk) {
   // First, before any tensor exists, so that every byte of tensor storage is counted.
   probes::AccountingAllocator::install();
   const json spec = reports::read_json_file(spec_path);
   const std::string name = spec.at("name");
-  const std::string device = spec.at("device");
+  std::string device = spec.at("device");
   const RunConfig config = RunConfig::from_json(spec.at("config"));
+  // Each local rank on its own GPU.
+  if (rk.world > 1 && device.rfind("cuda", 0) == 0) device = "cuda:" + std::to_string(rk.local_rank);
   try {
     limit_device_memory(device, memory_budget_bytes(config));
-    inject_fault(config.inject);
-    const int threads = probes::configure_threads(config.threads);
-    suites::Trainer trainer(config, device);
+    // Ranks sharing this machine share its cores.
+    int64_t want_threads = config.threads;
+    if (want_threads == 0 && rk.local_world > 1)
+      want_threads = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) / rk.local_world);
+    const int threads = probes::configure_threads(want_threads);
+
+    Hooks hooks;
+    std::unique_ptr<suites::Communicator> comm;
+    if (rk.world > 1) {
+      const bool cuda = device.rfind("cuda", 0) == 0;
+      const std::string backend = config.backend == "auto" ? (cuda ? "nccl" : "gloo") : config.backend;
+      comm = std::make_unique<suites::Communicator>(
+          suites::Rendezvous{rk.store_host, rk.store_port, rk.prefix, rk.rank, rk.world}, backend, torch::Device(device),
+          config.collective_timeout_s);
+      comm->set_observer([&hooks](const CollectiveInfo& c) { hooks.collective(c); });
+      hooks.add(std::make_shared<probes::CommProbe>());  // before the trainer: it sees the initial broadcast
+    }
+    suites::Trainer trainer(config, device, comm.get());
 
     auto timing = std::make_shared<probes::TimingProbe>();
     auto memory = std::make_shared<probes::MemoryProbe>(device == "cpu" ? memory_budget_bytes(config) : 0);
-    Hooks hooks;
-    hooks.add(timing);  // first: its GEMM-peak measurement must happen before memory's baseline
+    hooks.add(timing);  // before memory: its GEMM-peak measurement must happen before memory's baseline
     hooks.add(memory);
     hooks.add(std::make_shared<probes::OverflowProbe>(config.overflow_every));
+    if (comm) hooks.add(std::make_shared<probes::RngProbe>(config.rng_every));
+    if (config.inject != "none") hooks.add(std::make_shared<FaultProbe>(config, rk.rank));
     if (device.rfind("cuda", 0) == 0)
       if (auto nvtx = probes::make_nvtx_probe()) hooks.add(nvtx);
 
@@ -101,25 +193,49 @@ int cell_main(const std::string& spec_path, const std::string& result_path) {
                      {"tokens_per_sample", info.tokens_per_sample}};
     cell["data"] = suites::resolve_data(config.data, suites::model_preset(config.model));
     cell["steps_run"] = outcome.steps_run;
+    if (comm) {
+      cell["rank"] = rk.rank;
+      cell["world_size"] = rk.world;
+      cell["backend"] = comm->backend();
+    }
     json metrics = json::object();
     for (const auto& p : hooks.probes())
-      if (p->name() != "nvtx") metrics[p->name()] = p->section();
+      if (p->name() != "nvtx" && p->name() != "fault") metrics[p->name()] = p->section();
     metrics["quality"] = quality_section(outcome);
     cell["metrics"] = metrics;
+    if (config.save_parameters) {
+      std::vector<torch::Tensor> params;
+      for (const auto& p : trainer.full_parameters()) params.push_back(p.detach().to(torch::kCPU, torch::kFloat).clone());
+      torch::save(params, parameters_path(result_path));
+    }
+    if (comm && rk.rank != 0) {
+      // Rank 0's cell process merges: hand it this rank's result through the store.
+      comm->store_set("result/" + std::to_string(rk.rank), cell.dump());
+    } else if (comm) {
+      std::vector<json> cells{cell};
+      for (int r = 1; r < rk.world; ++r) cells.push_back(json::parse(comm->store_get("result/" + std::to_string(r))));
+      cell = merge_ranks(cells);
+    }
     reports::write_json_atomic(result_path, cell);
     return 0;
   } catch (const c10::OutOfMemoryError& e) {
     const std::string what = e.what();
     json cell = cell_without_metrics(name, config.to_json(), device, "oom", what.substr(0, what.find('\n')));
     cell["oom_phase"] = probes::AccountingAllocator::phase();
+    if (rk.world > 1) cell["rank"] = rk.rank;
     reports::write_json_atomic(result_path, cell);
     std::fprintf(stderr, "cell %s: %s\n", name.c_str(), what.c_str());
-    return 0;
+    // Alone, an oom is a result; among ranks the others would wait for this one in a collective, so
+    // the exit code tells the launcher to stop them now.
+    return rk.world > 1 ? kRankOom : 0;
   } catch (const std::exception& e) {
     // torch's messages carry a backtrace after the first line; the report keeps the first line.
     const std::string what = e.what();
     const std::string reason = what.substr(0, what.find('\n'));
-    reports::write_json_atomic(result_path, cell_without_metrics(name, config.to_json(), device, "failed", reason));
+    json cell = cell_without_metrics(name, config.to_json(), device, "failed", reason);
+    // Among ranks, the one that failed first is the cause; the others fail on the broken connection.
+    cell["failed_at"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    reports::write_json_atomic(result_path, cell);
     std::fprintf(stderr, "cell %s failed: %s\n", name.c_str(), what.c_str());
     return 1;
   }

@@ -108,6 +108,10 @@ int cli_main(int argc, char** argv) {
   run_cmd->add_option("--memory-budget", run.memory_budget,
                       "refuse tensor allocations past SIZE (512MiB, 2GB): cells that exceed it end as oom");
   run_cmd->add_flag("--frontier", run.frontier, "also search the largest batch that fits the budget, per policy");
+  run_cmd->add_option("--nproc", run.nproc,
+                      "local ranks allowed per cell: cells with world_size up to N run as N processes (default 1; "
+                      "under torchrun/srun/mpirun the launcher decides)")
+      ->check(CLI::Range(1, 1024));
 
   auto* list_cmd = app.add_subcommand("list", "Suites, axes and values, and what this build supports here");
   auto* env_cmd = app.add_subcommand("env", "Hardware and software inventory as JSON");
@@ -120,6 +124,14 @@ int cli_main(int argc, char** argv) {
   cell_cmd->group("");
   cell_cmd->add_option("--spec", spec)->required();
   cell_cmd->add_option("--result", result)->required();
+  CellRank cell_rank;
+  std::string store;
+  cell_cmd->add_option("--rank", cell_rank.rank);
+  cell_cmd->add_option("--world", cell_rank.world);
+  cell_cmd->add_option("--local-rank", cell_rank.local_rank);
+  cell_cmd->add_option("--local-world", cell_rank.local_world);
+  cell_cmd->add_option("--store", store);  // host:port
+  cell_cmd->add_option("--prefix", cell_rank.prefix);
 
   // CLI11 would call a stray word "extra arguments"; name it and the commands instead.
   if (argc > 1 && argv[1][0] != '-') {
@@ -145,7 +157,13 @@ int cli_main(int argc, char** argv) {
   }
 
   try {
-    if (cell_cmd->parsed()) return cell_main(spec, result);
+    if (cell_cmd->parsed()) {
+      if (const size_t colon = store.rfind(':'); colon != std::string::npos) {
+        cell_rank.store_host = store.substr(0, colon);
+        cell_rank.store_port = std::stoi(store.substr(colon + 1));
+      }
+      return cell_main(spec, result, cell_rank);
+    }
     if (list_cmd->parsed()) return list_command();
     if (env_cmd->parsed()) {
       std::cout << probes::collect_env().dump(2) << "\n";

@@ -41,14 +41,14 @@ std::string self_exe() {
   return std::string(buf, static_cast<size_t>(n));
 }
 
-ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& log_path, double timeout_s) {
+namespace {
+
+pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   if (log < 0) throw std::runtime_error("cannot open " + log_path);
-
-  const auto start = std::chrono::steady_clock::now();
   const pid_t pid = fork();
   if (pid < 0) {
     ::close(log);
@@ -67,35 +67,93 @@ ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& 
   }
   setpgid(pid, pid);  // also here, so the group exists before any kill below
   ::close(log);
+  return pid;
+}
 
-  ChildOutcome out;
+void kill_and_reap(pid_t pid, int& status) {
+  kill(-pid, SIGKILL);
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+}
+
+}  // namespace
+
+GroupOutcome run_children(const std::vector<std::vector<std::string>>& argvs, const std::vector<std::string>& logs,
+                          double timeout_s, double grace_s) {
+  const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
-  int status = 0;
-  while (true) {
-    const pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) break;
-    if (r < 0 && errno != EINTR) break;
+  GroupOutcome out;
+  out.children.resize(argvs.size());
+  std::vector<pid_t> pids;
+  std::vector<bool> done(argvs.size(), false);
+  try {
+    for (size_t i = 0; i < argvs.size(); ++i) pids.push_back(spawn(argvs[i], logs[i]));
+  } catch (...) {
+    int st = 0;
+    for (pid_t p : pids) kill_and_reap(p, st);
+    throw;
+  }
+  size_t running = pids.size();
+  double stop_at = 0;
+  while (running > 0) {
+    bool progressed = false;
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (done[i]) continue;
+      int status = 0;
+      const pid_t r = waitpid(pids[i], &status, WNOHANG);
+      if (r != pids[i] && !(r < 0 && errno != EINTR)) continue;
+      done[i] = true;
+      --running;
+      progressed = true;
+      kill(-pids[i], SIGKILL);  // anything the child left running in its group goes with it
+      ChildOutcome& o = out.children[i];
+      o.wall_s = elapsed();
+      if (WIFSIGNALED(status)) {
+        o.kind = ChildOutcome::Kind::Signaled;
+        o.signal = WTERMSIG(status);
+      } else {
+        o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      const bool failed = o.kind != ChildOutcome::Kind::Exited || o.exit_code != 0;
+      if (failed && out.first_failure < 0) {
+        out.first_failure = static_cast<int>(i);
+        stop_at = elapsed() + grace_s;
+      }
+    }
+    // The others would only wait in a collective for the failed one: after a short grace (in which
+    // they usually fail on their own, saying why), stop them.
+    if (out.first_failure >= 0 && running > 0 && elapsed() >= stop_at) {
+      for (size_t k = 0; k < pids.size(); ++k) {
+        if (done[k]) continue;
+        int st = 0;
+        kill_and_reap(pids[k], st);
+        done[k] = true;
+        --running;
+        out.children[k].kind = ChildOutcome::Kind::Stopped;
+        out.children[k].wall_s = elapsed();
+      }
+    }
+    if (running == 0) break;
     const bool late = elapsed() > timeout_s;
     if (late || interrupted()) {
-      kill(-pid, SIGKILL);
-      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      for (size_t k = 0; k < pids.size(); ++k) {
+        if (done[k]) continue;
+        int st = 0;
+        kill_and_reap(pids[k], st);
+        done[k] = true;
+        out.children[k].kind = late ? ChildOutcome::Kind::TimedOut : ChildOutcome::Kind::Interrupted;
+        out.children[k].wall_s = elapsed();
       }
-      out.kind = late ? ChildOutcome::Kind::TimedOut : ChildOutcome::Kind::Interrupted;
-      out.wall_s = elapsed();
-      return out;
+      break;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!progressed) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  // Anything the cell left running in its group goes with it.
-  kill(-pid, SIGKILL);
   out.wall_s = elapsed();
-  if (WIFSIGNALED(status)) {
-    out.kind = ChildOutcome::Kind::Signaled;
-    out.signal = WTERMSIG(status);
-  } else {
-    out.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
   return out;
+}
+
+ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& log_path, double timeout_s) {
+  return run_children({argv}, {log_path}, timeout_s).children.at(0);
 }
 
 std::string last_line(const std::string& path) {
@@ -112,6 +170,8 @@ std::string describe(const ChildOutcome& o, double timeout_s) {
       return "timed out after " + format_seconds(timeout_s) + " (process group killed)";
     case ChildOutcome::Kind::Interrupted:
       return "interrupted by the user";
+    case ChildOutcome::Kind::Stopped:
+      return "stopped after another rank failed";
     case ChildOutcome::Kind::Signaled: {
       const char* name = sigabbrev_np(o.signal);
       return "killed by signal " + std::to_string(o.signal) + (name ? std::string(" (SIG") + name + ")" : "");

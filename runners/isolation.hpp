@@ -7,7 +7,8 @@
 namespace trainscope::runners {
 
 struct ChildOutcome {
-  enum class Kind { Exited, Signaled, TimedOut, Interrupted } kind = Kind::Exited;
+  // Stopped: killed by us because another process of the same group of ranks failed first.
+  enum class Kind { Exited, Signaled, TimedOut, Interrupted, Stopped } kind = Kind::Exited;
   int exit_code = 0;
   int signal = 0;
   double wall_s = 0;
@@ -16,6 +17,17 @@ struct ChildOutcome {
 // Runs argv[0] with the arguments, stdout and stderr appended to `log_path`, and waits at most
 // `timeout_s`; past it (or when the parent is interrupted) the child's whole process group is killed.
 ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& log_path, double timeout_s);
+
+// Several children at once (the ranks of one cell). The first to fail (signal or non-zero exit) is
+// recorded; the others get grace_s to end on their own, then are killed (they would only wait for it
+// in a collective). Past the timeout all are killed. Every process group is gone when this returns.
+struct GroupOutcome {
+  std::vector<ChildOutcome> children;
+  int first_failure = -1;
+  double wall_s = 0;
+};
+GroupOutcome run_children(const std::vector<std::vector<std::string>>& argvs, const std::vector<std::string>& logs,
+                          double timeout_s, double grace_s = 1.0);
 
 // The path of the running executable (children re-execute it).
 std::string self_exe();

@@ -15,6 +15,7 @@
 #include "runners/cell.hpp"
 #include "runners/frontier.hpp"
 #include "runners/isolation.hpp"
+#include "runners/launch.hpp"
 #include "suites/suite_file.hpp"
 #include "suites/train.hpp"
 
@@ -64,6 +65,130 @@ json run_isolated(const std::string& name, const json& config, const std::string
   return cell;
 }
 
+// A failed rank's story: how its process ended, and what its result or its log said.
+std::string rank_failure(const ChildOutcome& o, double timeout_s, const std::string& result, const std::string& log) {
+  std::string why = describe(o, timeout_s);
+  if (o.kind == ChildOutcome::Kind::TimedOut || o.kind == ChildOutcome::Kind::Stopped) return why;
+  std::string said;
+  if (fs::exists(result)) {
+    try {
+      said = reports::read_json_file(result).value("reason", "");
+    } catch (const std::exception&) {
+    }
+  }
+  if (said.empty()) said = last_line(log);
+  return said.empty() ? why : why + ": " + said;
+}
+
+// The ranks of a multi-rank cell that this process runs: all of them (local launch) or its own
+// (external launch). Returns the cell on the process that holds rank 0, null elsewhere.
+json run_ranks(const std::string& name, const json& config, const std::string& device, const std::string& stem,
+               double timeout_s, const Launch& launch, RendezvousStore& store, const std::string& prefix) {
+  const int world = config["world_size"].get<int>();
+  const double collective_timeout = config["collective_timeout_s"].get<double>();
+  std::vector<int> mine;
+  if (launch.external())
+    mine.push_back(launch.rank);
+  else
+    for (int r = 0; r < world; ++r) mine.push_back(r);
+  auto rank_file = [&](int r, const char* ext) { return stem + ".rank" + std::to_string(r) + ext; };
+  const std::string spec = launch.external() ? rank_file(launch.rank, ".spec.json") : stem + ".spec.json";
+  reports::write_json_atomic(spec, {{"name", name}, {"config", config}, {"device", device}});
+  const std::string where = store.host() + ":" + std::to_string(store.port());
+  std::vector<std::vector<std::string>> argvs;
+  std::vector<std::string> logs;
+  for (int r : mine) {
+    fs::remove(rank_file(r, ".json"));
+    const int local_rank = launch.external() ? launch.local_rank : r;
+    const int local_world = launch.external() ? launch.local_world_size : world;
+    argvs.push_back({self_exe(), "_cell", "--spec", spec, "--result", rank_file(r, ".json"), "--rank", std::to_string(r),
+                     "--world", std::to_string(world), "--local-rank", std::to_string(local_rank), "--local-world",
+                     std::to_string(local_world), "--store", where, "--prefix", prefix});
+    logs.push_back(rank_file(r, ".log"));
+  }
+  const GroupOutcome g = run_children(argvs, logs, timeout_s);
+
+  // Every rank's outcome; under an external launcher they meet in the store, where rank 0's process
+  // collects them.
+  std::vector<json> outcomes;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const ChildOutcome& o = g.children[i];
+    const bool ok = o.kind == ChildOutcome::Kind::Exited && o.exit_code == 0;
+    std::string status = o.kind == ChildOutcome::Kind::TimedOut ? "timeout" : ok ? "ok" : "failed";
+    if (o.kind == ChildOutcome::Kind::Exited && o.exit_code == kRankOom) status = "oom";
+    if (o.kind == ChildOutcome::Kind::Stopped) status = "stopped";
+    json failed_at = nullptr;
+    if (!ok && fs::exists(rank_file(mine[i], ".json"))) {
+      try {
+        failed_at = reports::read_json_file(rank_file(mine[i], ".json")).value("failed_at", json(nullptr));
+      } catch (const std::exception&) {
+      }
+    }
+    outcomes.push_back({{"rank", mine[i]}, {"ok", ok}, {"status", status},
+                        {"signaled", o.kind == ChildOutcome::Kind::Signaled}, {"failed_at", failed_at},
+                        {"reason", ok ? "" : rank_failure(o, timeout_s, rank_file(mine[i], ".json"), logs[i])},
+                        {"wall_s", o.wall_s}});
+  }
+  if (launch.external()) {
+    store.set(prefix + "outcome/" + std::to_string(launch.rank), outcomes[0].dump());
+    if (launch.rank != 0) return nullptr;
+    for (int r = 1; r < world; ++r)
+      outcomes.push_back(json::parse(store.get(prefix + "outcome/" + std::to_string(r), collective_timeout + 30)));
+  }
+
+  // The cause among the failed ranks: one killed by a signal, else the one whose error came first
+  // (the others fail on the connection it broke), else the first seen.
+  const json* culprit = nullptr;
+  auto when = [](const json& o) { return o["failed_at"].is_number() ? o["failed_at"].get<double>() : 1e300; };
+  for (const auto& o : outcomes) {
+    if (o["status"] != "failed" && o["status"] != "oom") continue;
+    if (!culprit || (o["signaled"].get<bool>() && !(*culprit)["signaled"].get<bool>()) ||
+        (o["signaled"] == (*culprit)["signaled"] && when(o) < when(*culprit)))
+      culprit = &o;
+  }
+  std::vector<std::string> stopped;
+  for (const auto& o : outcomes)
+    if (o["status"] == "stopped") stopped.push_back(std::to_string(o["rank"].get<int>()));
+  const bool timed_out = std::any_of(outcomes.begin(), outcomes.end(), [](const json& o) { return o["status"] == "timeout"; });
+  json cell;
+  if (!culprit && !timed_out && fs::exists(rank_file(0, ".json"))) {
+    cell = reports::read_json_file(rank_file(0, ".json"));
+  } else if (culprit) {
+    std::string reason = "rank " + std::to_string((*culprit)["rank"].get<int>()) + " " +
+                         (*culprit)["reason"].get<std::string>() + " (world of " + std::to_string(world) + ")";
+    if (!stopped.empty()) {
+      std::string list;
+      for (const auto& r : stopped) list += (list.empty() ? "" : ", ") + r;
+      reason += "; rank(s) " + list + " had not failed and were stopped (a rank that hangs looks like this)";
+    }
+    cell = cell_without_metrics(name, config, device, (*culprit)["status"].get<std::string>(), reason);
+  } else {
+    cell = cell_without_metrics(name, config, device, "timeout",
+                                describe(ChildOutcome{ChildOutcome::Kind::TimedOut}, timeout_s) + " (" +
+                                    std::to_string(world) + " ranks)");
+  }
+  cell["rank_outcomes"] = outcomes;
+  cell["wall_s"] = g.wall_s;
+  cell["log"] = fs::path(rank_file(0, ".log")).filename().string();
+  reports::write_json_atomic(stem + ".json", cell);
+  return cell;
+}
+
+// Why this launch cannot run a cell's ranks ("" when it can).
+std::string launch_reason(const RunConfig& c, const std::optional<Launch>& external, int nproc) {
+  if (external) {
+    if (c.world_size != external->world_size)
+      return "this " + external->source + " launch has " + std::to_string(external->world_size) +
+             " ranks; the cell wants world_size " + std::to_string(c.world_size) + " (--set world_size=" +
+             std::to_string(external->world_size) + " runs it here)";
+    return "";
+  }
+  if (c.world_size > nproc)
+    return "needs " + std::to_string(c.world_size) + " ranks: run with --nproc " + std::to_string(c.world_size) +
+           " or more, or under torchrun / srun / mpirun";
+  return "";
+}
+
 // The frontier: for each distinct configuration (batch size aside) of the chosen models, the largest
 // batch that trains under the budget, each try a short run in its own process.
 json run_frontier(const json& spec, const std::vector<suites::Cell>& cells, const std::string& budget,
@@ -74,6 +199,7 @@ json run_frontier(const json& spec, const std::vector<suites::Cell>& cells, cons
   for (const auto& c : cells) {
     const json& models = spec["models"];
     if (!models.empty() && std::find(models.begin(), models.end(), json(c.config.model)) == models.end()) continue;
+    if (c.config.world_size > 1) continue;  // the frontier is a single-process search
     RunConfig base = c.config;
     base.batch_size = 1;
     base.steps = spec["steps"];
@@ -135,9 +261,20 @@ int run_suite(const RunOptions& o) {
   const std::vector<suites::Cell> cells = suites::expand(suite, o.filter);
   if (cells.empty()) throw UsageError("no cell of suite '" + suite.name + "' matches --filter '" + o.filter + "'");
 
-  const std::string out = o.out.empty() ? "results/" + utc_now(true) : o.out;
+  const std::optional<Launch> external = detect_launch(process_env());
+  Launch launch = external ? *external : Launch{};
+  // Every rank of an external launch names the same folder: rank 0's default, without a clock.
+  const std::string out = !o.out.empty() ? o.out : external ? "results/" + external->source + "-" + suite.name
+                                                             : "results/" + utc_now(true);
   fs::create_directories(out + "/cells");
   install_interrupt_handler();
+  RendezvousStore store(launch);  // served (rank 0) or reached on first use
+  const bool writer = !external || external->rank == 0;
+  if (external) std::printf("%s\n", external->describe().c_str());
+  const std::string restart = [] {
+    const char* r = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    return std::string(r ? r : "0");
+  }();
 
   const json env = probes::collect_env();
   for (const auto& w : env["warnings"]) std::fprintf(stderr, "warning: %s\n", w.get<std::string>().c_str());
@@ -161,18 +298,28 @@ int run_suite(const RunOptions& o) {
 
     json cell;
     std::string note;
-    if (const std::string why = suites::unsupported_reason(c.config, device); !why.empty()) {
+    std::string why = suites::unsupported_reason(c.config, device);
+    if (why.empty() && (c.config.world_size > 1 || external)) why = launch_reason(c.config, external, o.nproc);
+    if (!why.empty()) {
       cell = cell_without_metrics(c.name, config, device, "skipped", why);
-      reports::write_json_atomic(stem + ".json", cell);
-    } else if (o.resume && reusable(stem + ".json", config, cell)) {
+      if (writer) reports::write_json_atomic(stem + ".json", cell);
+    } else if (o.resume && writer && !external && reusable(stem + ".json", config, cell)) {
       note = " (from the previous run)";
+    } else if (c.config.world_size > 1) {
+      const std::string prefix = "trainscope/" + restart + "/cell" + std::to_string(i) + "/";
+      cell = run_ranks(c.name, config, device, stem, c.config.timeout_s, launch, store, prefix);
+      if (cell.is_null()) cell = {{"status", "ok"}, {"note", "rank " + std::to_string(launch.rank) + " done"}};
+      ran_s += cell.value("wall_s", 0.0);
+      ++ran;
     } else {
       cell = run_isolated(c.name, config, device, stem, c.config.timeout_s);
       ran_s += cell["wall_s"].get<double>();
       ++ran;
     }
-    results.push_back(cell);
-    reports::write_json_atomic(report_path, reports::make_report(env, suite_json, results));
+    if (writer) {
+      results.push_back(cell);
+      reports::write_json_atomic(report_path, reports::make_report(env, suite_json, results));
+    }
 
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const size_t left = cells.size() - i - 1;
@@ -183,6 +330,10 @@ int run_suite(const RunOptions& o) {
     if (cell["status"] != "ok" && cell["status"] != "skipped")
       std::printf("      %s\n", cell["reason"].get<std::string>().c_str());
     std::fflush(stdout);
+  }
+  if (!writer) {
+    std::printf("rank %d: done; rank 0 writes the report\n", launch.rank);
+    return interrupted() ? 130 : 0;
   }
 
   json frontier;

@@ -15,6 +15,7 @@ struct RunOptions {
   bool resume = false;
   std::string memory_budget;  // --memory-budget: every cell, and the frontier's budget
   bool frontier = false;      // --frontier: search the largest batch even if the suite has no [frontier]
+  int nproc = 1;              // --nproc: local ranks a cell may use (an external launcher overrides)
 };
 
 // Returns 0 when every cell is ok or skipped, 1 otherwise; the report is written either way.

@@ -77,6 +77,11 @@ class Mlp : public ReferenceModel {
     }
     return boundary("head", layers_.back()->forward(h));
   }
+  std::vector<torch::nn::Module*> blocks() override {
+    std::vector<torch::nn::Module*> out;
+    for (size_t i = 0; i + 1 < layers_.size(); ++i) out.push_back(layers_[i].get());
+    return out;
+  }
   int64_t analytic_parameters() const override {
     int64_t n = 0;
     for (auto [in, out] : dims_) n += in * out + out;
@@ -177,6 +182,11 @@ class Cnn : public ReferenceModel {
     }
     return boundary("head", head_->forward(h.mean({2, 3})));
   }
+  std::vector<torch::nn::Module*> blocks() override {
+    std::vector<torch::nn::Module*> out;
+    for (auto& b : blocks_) out.push_back(b.get());
+    return out;
+  }
   int64_t analytic_parameters() const override { return led_.params + head_params_; }
   double training_flops_per_sample() const override { return 6.0 * (led_.macs + head_macs_); }
   std::vector<double> block_forward_flops() const override { return block_flops_; }
@@ -258,6 +268,11 @@ class Gpt : public ReferenceModel {
     }
     // The LM head is tied to the token embedding (GPT-2), so gpt-125m has GPT-2 small's 124M.
     return boundary("head", torch::nn::functional::linear(ln_f_->forward(h), tok_->weight));
+  }
+  std::vector<torch::nn::Module*> blocks() override {
+    std::vector<torch::nn::Module*> out;
+    for (auto& b : blocks_) out.push_back(b.get());
+    return out;
   }
   int64_t analytic_parameters() const override {
     const int64_t D = p_.width, L = p_.layers;

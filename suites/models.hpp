@@ -64,20 +64,36 @@ class ReferenceModel : public torch::nn::Module {
   virtual double selective_forward_flops() const { return 0; }
   double recompute_flops_per_sample() const;
 
+  // The modules run_block runs, in order (what zero3 shards as units).
+  virtual std::vector<torch::nn::Module*> blocks() = 0;
+  // Wraps every block's forward during training (zero3 gathers the block's parameters around it).
+  using BlockWrapper = std::function<torch::Tensor(int64_t index, const BlockFn& body, const torch::Tensor& x)>;
+  void set_block_wrapper(BlockWrapper w) { block_wrapper_ = std::move(w); }
+
  protected:
   torch::Tensor boundary(const std::string& block, torch::Tensor x) {
     return boundary_ ? boundary_(block, std::move(x)) : x;
   }
-  // Runs block `index` (fn over x, with the parameters of `owner`), checkpointed if the policy says so.
+  // Runs block `index` (fn over x, with the parameters of `owner`), checkpointed if the policy says so,
+  // inside the block wrapper when one is set.
   torch::Tensor run_block(int64_t index, torch::nn::Module& owner, const BlockFn& fn, const torch::Tensor& x) {
-    if (!checkpoint_.checkpoints_block(index) || !is_training() || !torch::GradMode::is_enabled()) return fn(x);
-    const std::vector<torch::Tensor> params = owner.parameters();
-    return checkpoint(fn, x, params, checkpoint_.restore_rng, checkpoint_.check);
+    const bool training = is_training() && torch::GradMode::is_enabled();
+    BlockFn body = fn;
+    if (training && checkpoint_.checkpoints_block(index)) {
+      const CheckpointPolicy policy = checkpoint_;
+      body = [&owner, fn, policy](const torch::Tensor& in) {
+        const std::vector<torch::Tensor> params = owner.parameters();
+        return checkpoint(fn, in, params, policy.restore_rng, policy.check);
+      };
+    }
+    if (training && block_wrapper_) return block_wrapper_(index, body, x);
+    return body(x);
   }
 
  private:
   Boundary boundary_;
   CheckpointPolicy checkpoint_;
+  BlockWrapper block_wrapper_;
 };
 
 std::shared_ptr<ReferenceModel> make_model(const ModelPreset& preset, const DataShape& shape);

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include "core/compat.hpp"
 #include "core/errors.hpp"
 
@@ -10,14 +12,6 @@
 #endif
 
 namespace trainscope::suites {
-namespace {
-
-int64_t tensor_bytes(const torch::Tensor& t) {
-  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
-}
-
-}  // namespace
-
 std::string resolve_device(const std::string& requested) {
   if (requested == "auto") return torch::cuda::is_available() ? "cuda:0" : "cpu";
   if (requested == "cuda") return "cuda:0";
@@ -31,6 +25,20 @@ std::string unsupported_reason(const RunConfig& c, const std::string& device) {
     const int64_t index = std::stoll(device.substr(5));
     if (count == 0) return "no CUDA device visible to LibTorch on this machine";
     if (index >= count) return device + " requested but LibTorch sees " + std::to_string(count) + " GPU(s)";
+  }
+  if (c.parallel == "single" && c.world_size > 1)
+    return "parallel=single runs one process; world_size " + std::to_string(c.world_size) + " needs ddp or zero1/2/3";
+  if (c.parallel != "single" && c.world_size < 2) return c.parallel + " needs world_size >= 2";
+  if (c.world_size > 1) {
+    if (c.backend == "nccl" && !cuda) return "nccl needs CUDA devices; this cell runs on " + device;
+    if (cuda && c.world_size > static_cast<int64_t>(torch::cuda::device_count()))
+      return "needs " + std::to_string(c.world_size) + " GPUs on this machine for its local ranks; LibTorch sees " +
+             std::to_string(torch::cuda::device_count());
+    const bool gloo = c.backend == "gloo" || (c.backend == "auto" && !cuda);
+    if (gloo && c.parallel == "ddp" && c.precision == "bf16-true")
+      return "Gloo in LibTorch 1.13 has no bf16 all-reduce, and DDP's buckets hold bf16 gradients in bf16-true";
+    if (c.parallel == "zero3" && precision_mode(c.precision, device).emulated)
+      return "fp16 emulation rounds the whole model's weights each step; zero3 holds only shards of them";
   }
   if (c.precision == "tf32" && !cuda)
     return "tf32 needs a CUDA GPU (Ampere or newer); this cell runs on " + device;
@@ -53,11 +61,15 @@ std::string unsupported_reason(const RunConfig& c, const std::string& device) {
   return "";
 }
 
-Trainer::Trainer(const RunConfig& config, const std::string& device)
+Trainer::Trainer(const RunConfig& config, const std::string& device, Communicator* comm)
     : config_(config), device_(device), preset_(model_preset(config.model)),
-      mode_(precision_mode(config.precision, device)) {
+      mode_(precision_mode(config.precision, device)), rank_(comm ? comm->rank() : 0),
+      world_(comm ? comm->world_size() : 1) {
   preset_.dropout = config.dropout;
-  torch::manual_seed(static_cast<uint64_t>(config.seed));
+  // Every rank draws the same initial weights from the same seed, and rank 0's are broadcast anyway.
+  // skip-broadcast (a fault) seeds each rank differently and leaves the broadcast out.
+  const bool skip_broadcast = config.inject == "skip-broadcast";
+  torch::manual_seed(static_cast<uint64_t>(config.seed + (skip_broadcast ? 1000003 * rank_ : 0)));
   // 32-true is strict fp32; tf32 lets cuBLAS and cuDNN use TF32 tensor cores.
   at::globalContext().setAllowTF32CuBLAS(config.precision == "tf32");
   at::globalContext().setAllowTF32CuDNN(config.precision == "tf32");
@@ -65,21 +77,33 @@ Trainer::Trainer(const RunConfig& config, const std::string& device)
   data_ = make_data(config.data, preset_, config.seed);
   model_ = make_model(preset_, data_->shape());
   model_->to(device_, mode_.param_dtype);
+  if (skip_broadcast) torch::manual_seed(static_cast<uint64_t>(config.seed));  // only the weights differ
   CheckpointPolicy policy = CheckpointPolicy::parse(config.checkpoint);
   policy.check = config.checkpoint_check;
   model_->set_checkpoint(policy);
   model_->set_boundary([this](const std::string& block, torch::Tensor x) { return boundary(block, std::move(x)); });
+  strategy_ = make_strategy(comm ? config.parallel : "single", comm, config.bucket_mb);
+  opt_params_ = strategy_->setup(*model_, !skip_broadcast);
   if (mode_.emulated) weight_rounding_ = std::make_unique<Fp16WeightRounding>(model_->parameters());
-  if (mode_.scaler)
+  if (mode_.scaler) {
     scaler_ = std::make_unique<GradScaler>(
         ScalerOptions{config.scaler_init, config.scaler_growth, config.scaler_backoff, config.scaler_interval},
         device_);
+    // One rank's overflow skips the step on every rank (DESIGN.md: MAX across ranks).
+    if (comm) scaler_->reduce_found_inf = [comm](torch::Tensor& found) { comm->all_reduce_max(found); };
+  }
   if (config.optimizer == "sgd")
     optimizer_ = std::make_unique<torch::optim::SGD>(
-        model_->parameters(), torch::optim::SGDOptions(config.lr).momentum(0.9).weight_decay(config.weight_decay));
+        opt_params_, torch::optim::SGDOptions(config.lr).momentum(0.9).weight_decay(config.weight_decay));
   else
     optimizer_ = std::make_unique<torch::optim::AdamW>(
-        model_->parameters(), torch::optim::AdamWOptions(config.lr).weight_decay(config.weight_decay));
+        opt_params_, torch::optim::AdamWOptions(config.lr).weight_decay(config.weight_decay));
+  // The replicated model draws its dropout masks from the global generator, equal on every rank;
+  // rank-dropout-seed (a fault) seeds it per rank. Augmentations draw from a per-rank generator
+  // (same-data-seed, a fault: one seed for all).
+  if (config.inject == "rank-dropout-seed") torch::manual_seed(static_cast<uint64_t>(config.seed + 7919 * (rank_ + 1)));
+  const int64_t aug_rank = config.inject == "same-data-seed" ? 0 : rank_ + 1;
+  augment_gen_ = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(config.seed * 1000003 + aug_rank));
 }
 
 RunInfo Trainer::info() const {
@@ -91,6 +115,9 @@ RunInfo Trainer::info() const {
   r.flops_per_sample = model_->training_flops_per_sample();
   r.tokens_per_sample = model_->tokens_per_sample();
   r.recompute_flops_per_sample = model_->recompute_flops_per_sample();
+  r.rank = rank_;
+  r.world_size = world_;
+  if (Communicator* c = strategy_->comm()) r.collectives = c->implementation();
   return r;
 }
 
@@ -115,12 +142,59 @@ void Trainer::set_lr(double lr) {
   for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
 }
 
+// This rank's slice of the global batch (every rank's slice is the same under same-data-seed), with
+// random horizontal flips when `augment` is on (`flips` gets the draws).
+Batch Trainer::rank_batch(int64_t step, torch::Tensor* flips) {
+  const int64_t B = config_.batch_size;
+  Batch b = data_->train_batch(step, B * world_);
+  if (world_ > 1) {
+    const int64_t slice = config_.inject == "same-data-seed" ? 0 : rank_;
+    b.input = b.input.narrow(0, slice * B, B);
+    b.target = b.target.narrow(0, slice * B, B);
+  }
+  if (config_.augment && b.input.dim() == 4) {
+    *flips = torch::rand({B}, augment_gen_) < 0.5;
+    b.input = torch::where(flips->view({B, 1, 1, 1}), b.input.flip({3}), b.input);
+  }
+  return b;
+}
+
+// What the RNG-divergence probe compares across ranks, taken before the forward pass: the
+// parameters (after the previous step's synchronisation), the generators the replicated model draws
+// from, and what this rank's data stream produced.
+void Trainer::fingerprints(int64_t step, const Batch& batch, const torch::Tensor& flips, Hooks& hooks) {
+  auto emit = [&](const char* stream, const char* cls, uint64_t v) { hooks.fingerprint(Fingerprint{stream, cls, step, v}); };
+  emit(step == 0 ? "initial-weights" : "parameters", "must-match", strategy_->parameter_fingerprint());
+  at::Tensor cpu_state;
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    cpu_state = gen.get_state();
+  }
+  emit("cpu-generator", "must-match", fingerprint(cpu_state));
+  if (device_.is_cuda()) {
+    auto gen = at::globalContext().defaultGenerator(device_);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    emit("cuda-generator", "must-match", fingerprint(gen.get_state()));
+  } else if (preset_.dropout > 0) {
+    // The first 4096 dropout-mask elements this step's forward will draw (from a copy of the generator).
+    auto copy = at::make_generator<at::CPUGeneratorImpl>();
+    copy.set_state(cpu_state);
+    emit("dropout-masks", "must-match", fingerprint(torch::empty({4096}).bernoulli_(1.0 - preset_.dropout, copy)));
+  }
+  emit("data-samples", "should-differ", fingerprint(batch.target, fingerprint(batch.input)));
+  if (flips.defined()) emit("augmentation", "should-differ", fingerprint(flips));
+}
+
 torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
   StepInfo si;
   si.step = step;
   si.measured = step >= config_.warmup_steps;
   si.samples = config_.batch_size;
-  Batch batch = data_->train_batch(step, config_.batch_size);  // data time is not part of the step
+  if (Communicator* c = strategy_->comm()) c->set_step(step);
+  torch::Tensor flips;
+  Batch batch = rank_batch(step, &flips);  // data time is not part of the step
+  if (hooks.wants_fingerprints(step)) fingerprints(step, batch, flips, hooks);
   batch.input = batch.input.to(device_, /*non_blocking=*/true);
   if (batch.input.is_floating_point()) batch.input = batch.input.to(mode_.param_dtype);
   batch.target = batch.target.to(device_, /*non_blocking=*/true);
@@ -128,8 +202,9 @@ torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
   current_step_ = step;
 
   hooks.step_begin(si);
-  optimizer_->zero_grad();
+  strategy_->zero_grad(*optimizer_);
   if (weight_rounding_) weight_rounding_->round();
+  strategy_->before_forward();
   torch::Tensor loss;
   {
     compat::AutocastGuard autocast(device_.type(), mode_.autocast_dtype, mode_.autocast);
@@ -141,25 +216,27 @@ torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
     si.loss_scale = scaler_->current_scale();
     objective = scaler_->scale(objective);
   }
+  strategy_->before_backward();
   objective.backward();
+  strategy_->reduce_gradients();
   if (weight_rounding_) weight_rounding_->restore();
   hooks.backward_end(si);
 
-  const auto params = model_->parameters();
   if (scaler_) {
-    si.grads_nonfinite = scaler_->unscale(params);
+    si.grads_nonfinite = scaler_->unscale(opt_params_);
   } else if (mode_.fp16) {
     // No scaler: nothing stops the step, but the probe still learns whether the gradients were finite.
     torch::NoGradGuard no_grad;
     bool bad = false;
-    for (const auto& p : params)
+    for (const auto& p : opt_params_)
       if (p.grad().defined()) bad = bad || !torch::isfinite(p.grad()).all().item<bool>();
     si.grads_nonfinite = bad;
   }
-  if (config_.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, config_.grad_clip);  // unscaled
+  if (config_.grad_clip > 0) strategy_->clip_grad_norm(opt_params_, config_.grad_clip);  // unscaled
   si.skipped = scaler_ && si.grads_nonfinite;
   if (!si.skipped) {
     optimizer_->step();
+    strategy_->after_step();
     ++applied_steps_;
     set_lr(scheduled_lr(config_.lr_schedule, config_.lr, applied_steps_, config_.warmup_steps + config_.steps));
   }
@@ -168,7 +245,21 @@ torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
   si.loss = loss.detach();
   hooks.step_end(si);
   current_step_ = -1;
+  if (Communicator* c = strategy_->comm()) c->set_step(-1);
   return si.loss;
+}
+
+double Trainer::global_loss(const torch::Tensor& loss) {
+  Communicator* c = strategy_->comm();
+  if (!c) return loss.item<double>();
+  torch::Tensor t = loss.detach().to(torch::kCPU, torch::kDouble).reshape({1});
+  c->all_reduce(t, /*average=*/true, /*record=*/false);
+  return t.item<double>();
+}
+
+std::vector<torch::Tensor> Trainer::full_parameters() {
+  strategy_->materialize();
+  return model_->parameters();
 }
 
 std::optional<double> Trainer::evaluate() {
@@ -190,23 +281,16 @@ std::optional<double> Trainer::evaluate() {
 }
 
 ModelStateBytes Trainer::model_state() const {
-  ModelStateBytes m;
+  // AdamW keeps two moments per parameter, SGD with momentum one buffer, in the parameter dtype.
+  const int64_t words = config_.optimizer == "sgd" ? 1 : 2;
+  ModelStateBytes m = strategy_->model_state(*optimizer_, words);
   int64_t numel = 0;
-  for (const auto& p : model_->parameters()) {
-    m.params += tensor_bytes(p);
-    m.grads += tensor_bytes(p.grad());
-    numel += p.numel();
-  }
-  for (const auto& [key, state] : optimizer_->state()) {
-    if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(state.get()))
-      m.optimizer += tensor_bytes(a->exp_avg()) + tensor_bytes(a->exp_avg_sq()) + tensor_bytes(a->max_exp_avg_sq());
-    else if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(state.get()))
-      m.optimizer += tensor_bytes(s->momentum_buffer());
-  }
-  // Parameters and gradients in the parameter dtype (fp32, or bf16 for bf16-true); AdamW keeps two
-  // moments of that dtype, SGD with momentum one buffer.
-  const int64_t optimizer_words = config_.optimizer == "sgd" ? 1 : 2;
-  m.expected = numel * static_cast<int64_t>(c10::elementSize(mode_.param_dtype)) * (2 + optimizer_words);
+  for (const auto& p : model_->parameters()) numel += p.numel();
+  const int64_t P = static_cast<int64_t>(c10::elementSize(mode_.param_dtype));
+  const ExpectedModelState e =
+      expected_model_state(strategy_->comm() ? config_.parallel : "single", numel, P, words * P, world_);
+  m.expected = e.bytes;
+  m.expected_formula = e.formula;
   return m;
 }
 
@@ -233,7 +317,7 @@ TrainOutcome train(Trainer& trainer, const RunConfig& config, Hooks& hooks, RunI
     // non-finite, so that the loop stays asynchronous otherwise.
     const bool in_tail = s >= total - 10;
     if (s % log_every != 0 && !in_tail && nonfinite_run == 0 && s != total - 1) continue;
-    const double v = loss.item<double>();
+    const double v = trainer.global_loss(loss);  // every rank decides on the same number
     if (s % log_every == 0 || s == total - 1) out.loss_curve.emplace_back(s, v);
     if (in_tail) tail.push_back(v);
     if (!std::isfinite(v)) {
@@ -248,6 +332,7 @@ TrainOutcome train(Trainer& trainer, const RunConfig& config, Hooks& hooks, RunI
     }
   }
   hooks.run_end(RunEnd{out.steps_run, trainer.model_state()});
+  trainer.full_parameters();  // zero3 gathers here, on every rank, whatever the outcome
   double sum = 0;
   for (double v : tail) sum += v;
   out.final_loss = tail.empty() ? std::nan("") : sum / static_cast<double>(tail.size());
@@ -255,7 +340,7 @@ TrainOutcome train(Trainer& trainer, const RunConfig& config, Hooks& hooks, RunI
     out.status = "diverged";
     out.reason = "final loss is not finite";
   }
-  if (out.status == "ok" && config.eval) out.accuracy = trainer.evaluate();
+  if (out.status == "ok" && config.eval && trainer.rank() == 0) out.accuracy = trainer.evaluate();
   return out;
 }
 

@@ -7,8 +7,10 @@
 #include <vector>
 
 #include "core/hooks.hpp"
+#include "suites/comm.hpp"
 #include "suites/data.hpp"
 #include "suites/models.hpp"
+#include "suites/parallel.hpp"
 #include "suites/precision.hpp"
 
 namespace trainscope::suites {
@@ -30,13 +32,21 @@ std::string unsupported_reason(const RunConfig& c, const std::string& device);
 
 class Trainer {
  public:
-  Trainer(const RunConfig& config, const std::string& device);
+  // comm: the rank's communicator (null for a single process). Each rank trains on its slice of the
+  // global batch (world_size x batch_size samples), so N ranks see what one process would.
+  Trainer(const RunConfig& config, const std::string& device, Communicator* comm = nullptr);
   RunInfo info() const;
   // One optimizer step (batch `step` of the data stream); returns the loss tensor (not synchronised).
   torch::Tensor step(int64_t step, Hooks& hooks);
   // Held-out accuracy, or nullopt when the model or data has none.
   std::optional<double> evaluate();
   ModelStateBytes model_state() const;
+  // Makes the full parameters resident (a collective under zero3: every rank calls it) and returns them.
+  std::vector<torch::Tensor> full_parameters();
+  // The loss averaged over the ranks (a sync point; the loop reads it only at log points).
+  double global_loss(const torch::Tensor& loss);
+  ParallelStrategy& strategy() { return *strategy_; }
+  int rank() const { return rank_; }
   ReferenceModel& model() { return *model_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   const PrecisionMode& mode() const { return mode_; }
@@ -46,6 +56,8 @@ class Trainer {
  private:
   torch::Tensor boundary(const std::string& block, torch::Tensor x);
   void set_lr(double lr);
+  Batch rank_batch(int64_t step, torch::Tensor* flips);
+  void fingerprints(int64_t step, const Batch& batch, const torch::Tensor& flips, Hooks& hooks);
 
   RunConfig config_;
   torch::Device device_;
@@ -53,7 +65,11 @@ class Trainer {
   PrecisionMode mode_;
   std::unique_ptr<DataSource> data_;
   std::shared_ptr<ReferenceModel> model_;
+  std::unique_ptr<ParallelStrategy> strategy_;
+  std::vector<torch::Tensor> opt_params_;  // what the optimizer owns: the parameters, or this rank's shards
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  int rank_ = 0, world_ = 1;
+  at::Generator augment_gen_;
   std::unique_ptr<GradScaler> scaler_;
   std::unique_ptr<Fp16WeightRounding> weight_rounding_;
   std::vector<BlockObserver*> observers_;  // set per step from the hooks

@@ -1,0 +1,153 @@
+#include "runners/launch.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "core/errors.hpp"
+
+extern char** environ;
+
+namespace trainscope::runners {
+namespace {
+
+int to_int(const std::map<std::string, std::string>& env, const std::string& key) {
+  const auto it = env.find(key);
+  if (it == env.end()) throw UsageError(key + " is not set");
+  try {
+    size_t used = 0;
+    const int v = std::stoi(it->second, &used);
+    if (used == it->second.size()) return v;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(key + "='" + it->second + "' is not an integer");
+}
+
+std::string value_or(const std::map<std::string, std::string>& env, const std::string& key, const std::string& dflt) {
+  const auto it = env.find(key);
+  return it == env.end() || it->second.empty() ? dflt : it->second;
+}
+
+}  // namespace
+
+std::string Launch::describe() const {
+  return source + ": rank " + std::to_string(rank) + " of " + std::to_string(world_size) + " (local rank " +
+         std::to_string(local_rank) + "), rendezvous " + master_addr + ":" + std::to_string(master_port);
+}
+
+std::map<std::string, std::string> process_env() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string kv = *e;
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return env;
+}
+
+std::string first_slurm_host(const std::string& nodelist) {
+  // The first entry, with its first bracketed number: "node[01-04,07]" -> "node01".
+  std::string first;
+  int depth = 0;
+  for (char c : nodelist) {
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    if (c == ',' && depth == 0) break;
+    first += c;
+  }
+  const size_t open = first.find('[');
+  if (open == std::string::npos) return first;
+  const std::string inside = first.substr(open + 1, first.find(']') - open - 1);
+  const size_t cut = inside.find_first_of(",-");
+  return first.substr(0, open) + inside.substr(0, cut);
+}
+
+std::optional<Launch> detect_launch(const std::map<std::string, std::string>& env) {
+  Launch l;
+  if (env.count("RANK") || env.count("WORLD_SIZE")) {
+    l.source = "torchrun";
+    l.rank = to_int(env, "RANK");
+    l.world_size = to_int(env, "WORLD_SIZE");
+    l.local_rank = env.count("LOCAL_RANK") ? to_int(env, "LOCAL_RANK") : 0;
+    l.local_world_size = env.count("LOCAL_WORLD_SIZE") ? to_int(env, "LOCAL_WORLD_SIZE") : l.world_size;
+    // torchrun's agent serves a store on MASTER_ADDR:MASTER_PORT and says so.
+    l.serve_store = value_or(env, "TORCHELASTIC_USE_AGENT_STORE", "") != "True";
+  } else if (env.count("SLURM_PROCID") && env.count("SLURM_NTASKS")) {
+    l.source = "slurm";
+    l.rank = to_int(env, "SLURM_PROCID");
+    l.world_size = to_int(env, "SLURM_NTASKS");
+    l.local_rank = env.count("SLURM_LOCALID") ? to_int(env, "SLURM_LOCALID") : 0;
+    const std::string per_node = value_or(env, "SLURM_NTASKS_PER_NODE", "");
+    l.local_world_size = per_node.empty() ? 1 : std::max(1, std::atoi(per_node.c_str()));
+    const std::string nodes = value_or(env, "SLURM_STEP_NODELIST", value_or(env, "SLURM_JOB_NODELIST", ""));
+    if (!nodes.empty()) l.master_addr = first_slurm_host(nodes);
+  } else if (env.count("OMPI_COMM_WORLD_RANK")) {
+    l.source = "mpirun";
+    l.rank = to_int(env, "OMPI_COMM_WORLD_RANK");
+    l.world_size = to_int(env, "OMPI_COMM_WORLD_SIZE");
+    l.local_rank = env.count("OMPI_COMM_WORLD_LOCAL_RANK") ? to_int(env, "OMPI_COMM_WORLD_LOCAL_RANK") : 0;
+    l.local_world_size = env.count("OMPI_COMM_WORLD_LOCAL_SIZE") ? to_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE") : 1;
+  } else {
+    return std::nullopt;
+  }
+  l.master_addr = value_or(env, "MASTER_ADDR", l.master_addr);
+  l.master_port = env.count("MASTER_PORT") ? to_int(env, "MASTER_PORT") : 29500;
+  if (l.world_size < 1 || l.rank < 0 || l.rank >= l.world_size)
+    throw UsageError(l.source + " launch: rank " + std::to_string(l.rank) + " is outside a world of " +
+                     std::to_string(l.world_size));
+  if (l.master_port <= 0 || l.master_port > 65535)
+    throw UsageError("MASTER_PORT=" + std::to_string(l.master_port) + " is not a TCP port");
+  if (l.world_size == 1) return std::nullopt;  // a world of one is a plain local run
+  return l;
+}
+
+RendezvousStore::RendezvousStore(const Launch& launch, double timeout_s) : launch_(launch), timeout_s_(timeout_s) {}
+RendezvousStore::~RendezvousStore() = default;
+
+void RendezvousStore::open() {
+  if (store_) return;
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<std::uint16_t>(launch_.master_port);
+  o.isServer = launch_.rank == 0 && launch_.serve_store;
+  o.waitWorkers = false;
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s_ * 1000));
+  try {
+    auto s = c10::make_intrusive<c10d::TCPStore>(launch_.master_addr, o);
+    if (launch_.master_port == 0) launch_.master_port = s->getPort();
+    store_ = s.get();
+    holder_ = std::shared_ptr<void>(s.release(), [](void* p) {
+      c10::intrusive_ptr<c10d::TCPStore>::reclaim(static_cast<c10d::TCPStore*>(p));
+    });
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    throw std::runtime_error(std::string(o.isServer ? "cannot serve" : "cannot reach") + " the rendezvous store at " +
+                             launch_.master_addr + ":" + std::to_string(launch_.master_port) + ": " +
+                             what.substr(0, what.find('\n')));
+  }
+}
+
+int RendezvousStore::port() {
+  open();
+  return launch_.master_port;
+}
+
+void RendezvousStore::set(const std::string& key, const std::string& value) {
+  open();
+  store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+std::string RendezvousStore::get(const std::string& key, double timeout_s) {
+  open();
+  try {
+    store_->wait({key}, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  } catch (const std::exception&) {
+    throw std::runtime_error("no '" + key + "' in the rendezvous store after " + std::to_string(static_cast<int>(timeout_s)) + " s");
+  }
+  const std::vector<uint8_t> v = store_->get(key);
+  return std::string(v.begin(), v.end());
+}
+
+}  // namespace trainscope::runners

@@ -1,0 +1,176 @@
+#include "suites/comm.hpp"
+
+#include <chrono>
+#include <cstdlib>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "core/compat.hpp"
+#include "core/errors.hpp"
+
+#if defined(TRAINSCOPE_TORCH_CUDA) && defined(USE_C10D_NCCL)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#define TRAINSCOPE_HAVE_NCCL 1
+#endif
+
+namespace trainscope::suites {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Gloo's transport: the interface GLOO_SOCKET_IFNAME names (as PyTorch does), loopback for a local
+// group, else the address the host name resolves to.
+std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& host) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  if (host == "127.0.0.1" || host == "localhost") return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+}  // namespace
+
+Communicator::Communicator(const Rendezvous& rv, const std::string& backend, const torch::Device& device,
+                           double timeout_s)
+    : rank_(rv.rank), world_(rv.world_size), backend_(backend), device_(device) {
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(rv.port);
+  opts.isServer = false;  // the launcher serves the store; ranks are clients
+  opts.waitWorkers = false;
+  opts.timeout = timeout;
+  try {
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(rv.host, opts);
+    store_ = c10::make_intrusive<c10d::PrefixStore>(rv.prefix, tcp);
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    throw std::runtime_error("rank " + std::to_string(rank_) + " cannot reach the rendezvous store at " + rv.host +
+                             ":" + std::to_string(rv.port) + ": " + what.substr(0, what.find('\n')));
+  }
+  if (backend_ == "nccl") {
+#ifdef TRAINSCOPE_HAVE_NCCL
+    auto o = c10d::ProcessGroupNCCL::Options::create();
+    o->timeout = timeout;
+    auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store_, rank_, world_, o);
+    pg_ = compat::as_process_group<c10d::ProcessGroup>(nccl, store_, rank_, world_, true);
+#else
+    throw UsageError("this build has no NCCL (a CUDA LibTorch built with NCCL is needed)");
+#endif
+  } else {
+    auto o = c10d::ProcessGroupGloo::Options::create(timeout);
+    o->devices.push_back(gloo_device(rv.host));
+    auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank_, world_, o);
+    pg_ = compat::as_process_group<c10d::ProcessGroup>(gloo, store_, rank_, world_, false);
+  }
+}
+
+Communicator::~Communicator() = default;
+
+std::string Communicator::implementation() const {
+  if (backend_ == "nccl") return "nccl: native all-reduce, all-gather (_allgather_base), reduce-scatter (_reduce_scatter_base)";
+  return "gloo: native all-reduce and broadcast; all-gather as one broadcast per rank; reduce-scatter as "
+         "all-reduce + slice";
+}
+
+void Communicator::wait(const c10::intrusive_ptr<c10d::Work>& w) {
+  w->wait();
+  // NCCL's wait only orders the streams; the host clock needs the device to finish.
+  if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+}
+
+void Communicator::timed(const std::string& op, int64_t bytes, const std::function<void()>& body, bool record) {
+  const double t0 = now_s();
+  body();
+  const double dt = now_s() - t0;
+  if (record) report(CollectiveInfo{op, bytes, world_, dt, dt, step_});
+}
+
+void Communicator::all_reduce(torch::Tensor& t, bool average, bool record) {
+  const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+  timed("all-reduce", bytes, [&] {
+    // Gloo 1.13 has no bf16 all-reduce: reduce an fp32 copy.
+    torch::Tensor buf = backend_ == "gloo" && t.scalar_type() == torch::kBFloat16 ? t.to(torch::kFloat) : t;
+    std::vector<torch::Tensor> v{buf};
+    wait(pg_->allreduce(v));
+    if (average) buf.div_(world_);
+    if (!buf.is_same(t)) t.copy_(buf);
+  }, record);
+}
+
+void Communicator::all_reduce_max(torch::Tensor& t) {
+  timed("all-reduce", t.numel() * static_cast<int64_t>(t.element_size()), [&] {
+    std::vector<torch::Tensor> v{t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::MAX;
+    wait(pg_->allreduce(v, o));
+  });
+}
+
+void Communicator::all_gather(torch::Tensor& full, const torch::Tensor& shard) {
+  const int64_t n = shard.numel();
+  TORCH_CHECK(full.numel() == n * world_, "all_gather: full buffer must hold world_size shards");
+  timed("all-gather", full.numel() * static_cast<int64_t>(full.element_size()), [&] {
+    if (backend_ == "nccl") {
+      wait(pg_->_allgather_base(full, const_cast<torch::Tensor&>(shard)));
+      return;
+    }
+    full.narrow(0, rank_ * n, n).copy_(shard);
+    for (int r = 0; r < world_; ++r) {
+      torch::Tensor part = full.narrow(0, r * n, n);
+      torch::Tensor buf = part.scalar_type() == torch::kBFloat16 ? part.to(torch::kFloat) : part;
+      std::vector<torch::Tensor> v{buf};
+      c10d::BroadcastOptions o;
+      o.rootRank = r;
+      wait(pg_->broadcast(v, o));
+      if (!buf.is_same(part)) part.copy_(buf);
+    }
+  });
+}
+
+void Communicator::reduce_scatter(torch::Tensor& shard, const torch::Tensor& full, bool average) {
+  const int64_t n = shard.numel();
+  TORCH_CHECK(full.numel() == n * world_, "reduce_scatter: full buffer must hold world_size shards");
+  timed("reduce-scatter", full.numel() * static_cast<int64_t>(full.element_size()), [&] {
+    if (backend_ == "nccl") {
+      wait(pg_->_reduce_scatter_base(shard, const_cast<torch::Tensor&>(full)));
+    } else {
+      // In place when it can (full is scratch for the callers), in fp32 for bf16 (Gloo 1.13 lacks it).
+      torch::Tensor sum = full.scalar_type() == torch::kFloat ? full : full.to(torch::kFloat);
+      std::vector<torch::Tensor> v{sum};
+      wait(pg_->allreduce(v));
+      shard.copy_(sum.narrow(0, rank_ * n, n));
+    }
+    if (average) shard.div_(world_);
+  });
+}
+
+void Communicator::broadcast(std::vector<torch::Tensor> tensors, int root) {
+  int64_t bytes = 0;
+  for (const auto& t : tensors) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  timed("broadcast", bytes, [&] {
+    for (auto& t : tensors) {
+      torch::Tensor buf = backend_ == "gloo" && t.scalar_type() == torch::kBFloat16 ? t.to(torch::kFloat) : t;
+      std::vector<torch::Tensor> v{buf};
+      c10d::BroadcastOptions o;
+      o.rootRank = root;
+      wait(pg_->broadcast(v, o));
+      if (!buf.is_same(t)) t.copy_(buf);
+    }
+  });
+}
+
+void Communicator::barrier() { pg_->barrier()->wait(); }
+
+void Communicator::store_set(const std::string& key, const std::string& value) {
+  store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+std::string Communicator::store_get(const std::string& key) {
+  const std::vector<uint8_t> v = store_->get(key);
+  return std::string(v.begin(), v.end());
+}
+
+}  // namespace trainscope::suites

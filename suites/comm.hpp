@@ -1,0 +1,78 @@
+#pragma once
+// The ranks' communicator: a c10d process group (Gloo on CPU, NCCL on CUDA) behind the few collectives
+// the parallel strategies need, each timed and reported to the hooks (the communication probe).
+//
+// Gloo in LibTorch 1.13 has no reduce-scatter and no flat all-gather, and its own all-gather is very
+// slow for large buffers (../notes): on Gloo, reduce-scatter is an all-reduce + slice and all-gather is
+// one broadcast per rank into the flat buffer. NCCL uses its native collectives. implementation() says
+// which, and the report carries it.
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/torch.h>
+
+#include "core/hooks.hpp"
+
+namespace trainscope::suites {
+
+// Where the ranks meet: a TCPStore served by the launcher, with a key prefix per cell.
+struct Rendezvous {
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::string prefix;
+  int rank = 0, world_size = 1;
+};
+
+class Communicator {
+ public:
+  // Joins the group; throws (naming the store) when the peers do not all arrive within timeout_s.
+  Communicator(const Rendezvous& rv, const std::string& backend, const torch::Device& device, double timeout_s);
+  ~Communicator();
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  const std::string& backend() const { return backend_; }
+  std::string implementation() const;
+  c10::intrusive_ptr<c10d::ProcessGroup> process_group() const { return pg_; }
+
+  // Every collective is reported here with its duration (the communication probe listens).
+  void set_observer(std::function<void(const CollectiveInfo&)> f) { observer_ = std::move(f); }
+  void set_step(int64_t step) { step_ = step; }
+  int64_t step() const { return step_; }
+  void report(const CollectiveInfo& c) const {
+    if (observer_) observer_(c);
+  }
+
+  // In place; average divides by the world size after summing. record=false keeps the run's own
+  // bookkeeping (the loss it logs) out of the training's communication.
+  void all_reduce(torch::Tensor& t, bool average, bool record = true);
+  void all_reduce_max(torch::Tensor& t);
+  // full (world x shard elements, flat) <- every rank's shard, in rank order.
+  void all_gather(torch::Tensor& full, const torch::Tensor& shard);
+  // shard <- this rank's slice of the sum (or mean) over ranks of full (scratch: Gloo reduces in it).
+  void reduce_scatter(torch::Tensor& shard, const torch::Tensor& full, bool average);
+  void broadcast(std::vector<torch::Tensor> tensors, int root);
+  void barrier();
+
+  // Small key-value exchange through the store (results, fingerprints); get waits up to the timeout.
+  void store_set(const std::string& key, const std::string& value);
+  std::string store_get(const std::string& key);
+
+ private:
+  void wait(const c10::intrusive_ptr<c10d::Work>& w);
+  void timed(const std::string& op, int64_t bytes, const std::function<void()>& body, bool record = true);
+
+  int rank_ = 0, world_ = 1;
+  std::string backend_;
+  torch::Device device_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  std::function<void(const CollectiveInfo&)> observer_;
+  int64_t step_ = -1;
+};
+
+}  // namespace trainscope::suites

@@ -1,0 +1,545 @@
+#include "suites/parallel.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <mutex>
+#include <set>
+
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+
+#include "core/errors.hpp"
+
+namespace trainscope::suites {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Frees a buffer's memory while every view of it stays valid (FSDP's storage resize): autograd's
+// saved references to a gathered parameter survive, and allocate_storage() refills the same storage.
+void release_storage(const torch::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr(c10::DataPtr(nullptr, s->device()));
+  s->set_nbytes(0);
+}
+
+void allocate_storage(const torch::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  const size_t want = static_cast<size_t>(t.numel()) * t.element_size();
+  if (s->nbytes() == want) return;
+  s->set_data_ptr(s->allocator()->allocate(want));
+  s->set_nbytes(want);
+}
+
+int64_t bytes_of(const torch::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+// A list of parameters turned into views of one flat buffer, padded to a multiple of the world size
+// so that every rank owns an equal slice.
+struct FlatParams {
+  std::vector<torch::Tensor> params;
+  torch::Tensor flat, grad;
+  int64_t numel = 0, shard = 0;
+
+  void build(const std::vector<torch::Tensor>& ps, int world) {
+    params = ps;
+    for (const auto& p : ps) numel += p.numel();
+    shard = (numel + world - 1) / world;
+    torch::NoGradGuard no_grad;
+    const auto opts = ps.front().options();
+    flat = torch::zeros({shard * world}, opts);
+    grad = torch::zeros({shard * world}, opts);
+    int64_t off = 0;
+    for (auto& p : params) {
+      const int64_t n = p.numel();
+      flat.narrow(0, off, n).copy_(p.reshape(-1));
+      p.set_data(flat.narrow(0, off, n).view(p.sizes()));
+      p.mutable_grad() = grad.narrow(0, off, n).view(p.sizes());
+      off += n;
+    }
+  }
+  torch::Tensor slice(const torch::Tensor& buf, int rank) const { return buf.narrow(0, rank * shard, shard); }
+};
+
+std::vector<torch::Tensor> params_of(torch::nn::Module& m) { return m.parameters(); }
+
+// A leaf tensor the optimizer owns: this rank's slice of a flat buffer (sharing its memory when
+// `share`, else a copy), with a gradient buffer of its own or the matching slice of the gradients.
+torch::Tensor optimizer_slice(const torch::Tensor& data, bool share) {
+  torch::Tensor t = share ? data.detach() : data.detach().clone();
+  return t.requires_grad_(true);
+}
+
+// ---- single -----------------------------------------------------------------------------------
+class Single : public ParallelStrategy {
+ public:
+  Single() : ParallelStrategy(nullptr) {}
+  std::vector<torch::Tensor> setup(ReferenceModel& model, bool) override {
+    model_ = &model;
+    return model.parameters();
+  }
+};
+
+void broadcast_buffers(Communicator& comm, ReferenceModel& model) {
+  std::vector<torch::Tensor> bufs;
+  for (const auto& b : model.buffers())
+    if (b.is_floating_point()) bufs.push_back(b);
+  if (!bufs.empty()) {
+    torch::NoGradGuard no_grad;
+    comm.broadcast(bufs, 0);
+  }
+}
+
+// ---- ddp --------------------------------------------------------------------------------------
+// The reducer's communication hook: average then all-reduce each bucket, timing launch to
+// completion. It runs on the autograd thread (launch) and a Gloo/NCCL thread (completion), so the
+// records go through a mutex and reach the probe from the training thread.
+struct BucketRecord {
+  int64_t bytes = 0;
+  double start = 0, end = 0;
+};
+
+struct TimedAllReduce : c10d::CommHookInterface {
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  int world = 1;
+  std::shared_ptr<std::mutex> mu = std::make_shared<std::mutex>();
+  std::shared_ptr<std::vector<BucketRecord>> records = std::make_shared<std::vector<BucketRecord>>();
+
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    torch::Tensor buf = bucket.getBufferRef();
+    buf.div_(world);
+    const size_t index = [&] {
+      std::lock_guard<std::mutex> lock(*mu);
+      records->push_back({bytes_of(buf), now_s(), 0});
+      return records->size() - 1;
+    }();
+    std::vector<torch::Tensor> v{buf};
+    auto fut = pg->allreduce(v)->getFuture();
+    auto mu_ = mu;
+    auto rec = records;
+    return fut->then(
+        [mu_, rec, index, buf](c10::ivalue::Future&) {
+          std::lock_guard<std::mutex> lock(*mu_);
+          (*rec)[index].end = now_s();
+          return c10::IValue(buf);
+        },
+        c10::TensorType::get());
+  }
+  at::Tensor parseHookResult(const c10::IValue& result) override {
+    if (result.isTensorList()) return result.toTensorVector().at(0);
+    return result.toTensor();
+  }
+};
+
+class Ddp : public ParallelStrategy {
+ public:
+  Ddp(Communicator* comm, double bucket_mb) : ParallelStrategy(comm), bucket_bytes_(static_cast<int64_t>(bucket_mb * 1024 * 1024)) {}
+
+  std::vector<torch::Tensor> setup(ReferenceModel& model, bool broadcast) override {
+    model_ = &model;
+    params_ = model.parameters();
+    if (broadcast) {
+      torch::NoGradGuard no_grad;
+      comm_->broadcast(params_, 0);
+    }
+    broadcast_buffers(*comm_, model);
+    // PyTorch's DDP: a small first bucket (1 MiB) so that communication starts early, then bucket_mb;
+    // buckets listed in reverse parameter order, the order gradients become ready.
+    const size_t first = 1024 * 1024;
+    auto [indices, limits] = c10d::compute_bucket_assignment_by_size(
+        params_, {first, static_cast<size_t>(std::max<int64_t>(bucket_bytes_, 1))}, std::vector<bool>(params_.size(), false));
+    std::reverse(indices.begin(), indices.end());
+    std::reverse(limits.begin(), limits.end());
+    buckets_ = static_cast<int64_t>(indices.size());
+    reducer_ = std::make_unique<c10d::Reducer>(params_, indices, limits, comm_->process_group(),
+                                               std::vector<bool>(params_.size(), false), bucket_bytes_,
+                                               /*find_unused_parameters=*/false, /*gradient_as_bucket_view=*/true,
+                                               std::unordered_map<size_t, std::string>{}, first);
+    auto hook = std::make_unique<TimedAllReduce>();
+    hook->pg = comm_->process_group();
+    hook->world = comm_->world_size();
+    mu_ = hook->mu;
+    records_ = hook->records;
+    reducer_->register_comm_hook(std::move(hook));
+    return params_;
+  }
+
+  void zero_grad(torch::optim::Optimizer&) override {
+    // The gradients are views of the reducer's buckets: zero them in place, never replace them.
+    torch::NoGradGuard no_grad;
+    for (auto& p : params_)
+      if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+  void before_forward() override {
+    reducer_->rebuild_buckets();  // after the first iteration, in the order gradients arrived
+    reducer_->prepare_for_forward();
+  }
+  void before_backward() override { reducer_->prepare_for_backward({}); }
+
+  void reduce_gradients() override {
+    // backward() returned: the reducer has waited for every bucket. What came after the last launch
+    // (the last gradient ready) was the step waiting on communication.
+    const double backward_end = now_s();
+    std::vector<BucketRecord> recs;
+    {
+      std::lock_guard<std::mutex> lock(*mu_);
+      recs.swap(*records_);
+    }
+    double last_launch = 0, last_end = 0;
+    for (const auto& r : recs) {
+      last_launch = std::max(last_launch, r.start);
+      last_end = std::max(last_end, r.end);
+    }
+    const double exposed = std::max(0.0, std::min(backward_end, last_end) - last_launch);
+    for (size_t i = 0; i < recs.size(); ++i) {
+      CollectiveInfo c{"all-reduce", recs[i].bytes, comm_->world_size(), std::max(0.0, recs[i].end - recs[i].start),
+                       i + 1 == recs.size() ? exposed : 0.0, comm_->step()};
+      comm_->report(c);
+    }
+  }
+  int64_t buckets() const { return buckets_; }
+
+ private:
+  int64_t bucket_bytes_;
+  int64_t buckets_ = 0;
+  std::vector<torch::Tensor> params_;
+  std::unique_ptr<c10d::Reducer> reducer_;
+  std::shared_ptr<std::mutex> mu_;
+  std::shared_ptr<std::vector<BucketRecord>> records_;
+};
+
+// ---- zero1 / zero2 ----------------------------------------------------------------------------
+class Zero12 : public ParallelStrategy {
+ public:
+  Zero12(Communicator* comm, int stage) : ParallelStrategy(comm), stage_(stage) {}
+
+  std::vector<torch::Tensor> setup(ReferenceModel& model, bool broadcast) override {
+    model_ = &model;
+    flat_.build(model.parameters(), comm_->world_size());
+    if (broadcast) {
+      torch::NoGradGuard no_grad;
+      comm_->broadcast({flat_.flat}, 0);
+    }
+    broadcast_buffers(*comm_, model);
+    const int r = comm_->rank();
+    shard_ = optimizer_slice(flat_.slice(flat_.flat, r), /*share=*/true);
+    if (stage_ == 1) {
+      shard_.mutable_grad() = flat_.slice(flat_.grad, r).detach();
+    } else {
+      shard_.mutable_grad() = torch::zeros({flat_.shard}, flat_.flat.options());
+      release_storage(flat_.grad);
+    }
+    return {shard_};
+  }
+  void zero_grad(torch::optim::Optimizer&) override {
+    torch::NoGradGuard no_grad;
+    allocate_storage(flat_.grad);
+    flat_.grad.zero_();
+    shard_.mutable_grad().zero_();
+  }
+  void reduce_gradients() override {
+    torch::NoGradGuard no_grad;
+    if (stage_ == 1) {
+      comm_->all_reduce(flat_.grad, /*average=*/true);
+    } else {
+      torch::Tensor g = shard_.mutable_grad();
+      comm_->reduce_scatter(g, flat_.grad, /*average=*/true);
+      release_storage(flat_.grad);  // only this rank's slice of the gradients stays
+    }
+  }
+  void after_step() override {
+    torch::NoGradGuard no_grad;
+    comm_->all_gather(flat_.flat, flat_.slice(flat_.flat, comm_->rank()));
+  }
+
+ private:
+  int stage_;
+  FlatParams flat_;
+  torch::Tensor shard_;
+};
+
+// ---- zero3 ------------------------------------------------------------------------------------
+// One unit of full sharding: a block's parameters (or the root's), flat and sharded.
+struct Unit : torch::CustomClassHolder {
+  FlatParams fp;
+  torch::Tensor shard;  // this rank's slice: a leaf the optimizer owns (its own memory)
+  Communicator* comm = nullptr;
+
+  void gather() {
+    allocate_storage(fp.flat);
+    torch::NoGradGuard no_grad;
+    comm->all_gather(fp.flat, shard.detach());
+  }
+  void release() { release_storage(fp.flat); }
+  // The block's parameter gradients -> this rank's slice of their mean over ranks.
+  torch::Tensor reduce(const std::vector<torch::Tensor>& grads) {
+    torch::NoGradGuard no_grad;
+    allocate_storage(fp.grad);
+    int64_t off = 0;
+    for (size_t i = 0; i < fp.params.size(); ++i) {
+      const int64_t n = fp.params[i].numel();
+      if (grads[i].defined())
+        fp.grad.narrow(0, off, n).copy_(grads[i].reshape(-1));
+      else
+        fp.grad.narrow(0, off, n).zero_();
+      off += n;
+    }
+    fp.grad.narrow(0, off, fp.grad.numel() - off).zero_();
+    torch::Tensor out = torch::empty({fp.shard}, fp.flat.options());
+    comm->reduce_scatter(out, fp.grad, /*average=*/true);
+    release_storage(fp.grad);
+    return out;
+  }
+};
+
+struct Zero3Call : torch::CustomClassHolder {
+  c10::intrusive_ptr<Unit> unit;
+  BlockFn body;
+  torch::Tensor input, output;  // the block's own graph, kept from forward to backward
+};
+
+// Runs a block between a gather and a release. The block's graph is recorded inside forward (grad
+// mode on), so its activations are kept exactly as without sharding (or recomputed, when the body is
+// checkpointed); backward re-gathers the parameters that graph refers to, takes the gradients and
+// reduce-scatters them into the shard's gradient.
+struct Zero3BlockFunction : public torch::autograd::Function<Zero3BlockFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& shard, c10::intrusive_ptr<Zero3Call> call) {
+    call->unit->gather();
+    call->input = x.detach().requires_grad_(x.requires_grad());
+    {
+      torch::AutoGradMode grad_on(true);
+      call->output = call->body(call->input);
+    }
+    call->unit->release();
+    ctx->saved_data["call"] = c10::IValue::make_capsule(call);
+    return call->output.detach();
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    auto call = c10::static_intrusive_pointer_cast<Zero3Call>(ctx->saved_data["call"].toCapsule());
+    Unit& unit = *call->unit;
+    unit.gather();
+    std::vector<torch::Tensor> wrt = unit.fp.params;
+    const bool input_grad = call->input.requires_grad();
+    if (input_grad) wrt.push_back(call->input);
+    auto grads = torch::autograd::grad({call->output}, wrt, {grad_out[0]}, /*retain_graph=*/false,
+                                       /*create_graph=*/false, /*allow_unused=*/true);
+    call->output = torch::Tensor();
+    unit.release();
+    torch::Tensor input_g = input_grad ? grads.back() : torch::Tensor();
+    grads.resize(unit.fp.params.size());
+    torch::Tensor shard_g = unit.reduce(grads);
+    return {input_g, shard_g, torch::Tensor()};
+  }
+};
+
+class Zero3 : public ParallelStrategy {
+ public:
+  explicit Zero3(Communicator* comm) : ParallelStrategy(comm) {}
+
+  std::vector<torch::Tensor> setup(ReferenceModel& model, bool broadcast) override {
+    model_ = &model;
+    const int world = comm_->world_size(), rank = comm_->rank();
+    std::set<const void*> in_blocks;
+    for (torch::nn::Module* b : model.blocks()) {
+      auto u = c10::make_intrusive<Unit>();
+      u->fp.build(params_of(*b), world);
+      for (const auto& p : u->fp.params) in_blocks.insert(p.unsafeGetTensorImpl());
+      units_.push_back(u);
+    }
+    std::vector<torch::Tensor> rest;
+    for (const auto& p : model.parameters())
+      if (!in_blocks.count(p.unsafeGetTensorImpl())) rest.push_back(p);
+    root_ = c10::make_intrusive<Unit>();
+    root_->fp.build(rest, world);
+    std::vector<torch::Tensor> owned;
+    for (auto* u : all_units()) {
+      u->comm = comm_;
+      if (broadcast) {
+        torch::NoGradGuard no_grad;
+        comm_->broadcast({u->fp.flat}, 0);
+      }
+      u->shard = optimizer_slice(u->fp.slice(u->fp.flat, rank), /*share=*/false);
+      u->shard.mutable_grad() = torch::zeros_like(u->shard);
+      u->release();
+      release_storage(u->fp.grad);
+      owned.push_back(u->shard);
+    }
+    // The root's parameters take their gradients through the normal path into fp.grad's views.
+    broadcast_buffers(*comm_, model);
+    model.set_block_wrapper([this](int64_t index, const BlockFn& body, const torch::Tensor& x) {
+      auto call = c10::make_intrusive<Zero3Call>();
+      call->unit = units_.at(static_cast<size_t>(index));
+      call->body = body;
+      return Zero3BlockFunction::apply(x, call->unit->shard, call);
+    });
+    return owned;
+  }
+  void zero_grad(torch::optim::Optimizer&) override {
+    torch::NoGradGuard no_grad;
+    for (auto* u : all_units()) u->shard.mutable_grad().zero_();
+  }
+  void before_forward() override {
+    root_->gather();
+    allocate_storage(root_->fp.grad);
+    torch::NoGradGuard no_grad;
+    root_->fp.grad.zero_();
+  }
+  void reduce_gradients() override {
+    // Block gradients were reduce-scattered during backward; the root's now.
+    torch::NoGradGuard no_grad;
+    torch::Tensor g = root_->shard.mutable_grad();
+    comm_->reduce_scatter(g, root_->fp.grad, /*average=*/true);
+    release_storage(root_->fp.grad);
+    root_->release();
+  }
+  void materialize() override {
+    for (auto* u : all_units()) u->gather();
+  }
+  uint64_t parameter_fingerprint() override {
+    uint64_t h = 1469598103934665603ULL;
+    for (auto* u : all_units()) {
+      const bool resident = u->fp.flat.storage().nbytes() > 0;
+      if (!resident) u->gather();
+      h = fingerprint(u->fp.flat.narrow(0, 0, u->fp.numel), h);
+      if (!resident) u->release();
+    }
+    return h;
+  }
+  ModelStateBytes model_state(const torch::optim::Optimizer& opt, int64_t words) const override {
+    ModelStateBytes m = ParallelStrategy::model_state(opt, words);
+    // The gathered buffers are released at rest; what the rank holds is its shards and their gradients.
+    std::vector<torch::Tensor> shards, grads;
+    for (auto* u : const_cast<Zero3*>(this)->all_units()) {
+      shards.push_back(u->shard);
+      shards.push_back(u->fp.flat);
+      grads.push_back(u->shard.grad());
+      grads.push_back(u->fp.grad);
+    }
+    m.params = storage_bytes(shards);
+    m.grads = storage_bytes(grads);
+    return m;
+  }
+
+ private:
+  std::vector<Unit*> all_units() {
+    std::vector<Unit*> out;
+    for (auto& u : units_) out.push_back(u.get());
+    out.push_back(root_.get());
+    return out;
+  }
+  std::vector<c10::intrusive_ptr<Unit>> units_;
+  c10::intrusive_ptr<Unit> root_;
+};
+
+}  // namespace
+
+uint64_t fingerprint(const torch::Tensor& t, uint64_t h) {
+  if (!t.defined()) return h;
+  const torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
+  const auto* p = static_cast<const unsigned char*>(c.data_ptr());
+  const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+int64_t storage_bytes(const std::vector<torch::Tensor>& tensors) {
+  std::set<const void*> seen;
+  int64_t total = 0;
+  for (const auto& t : tensors) {
+    if (!t.defined()) continue;
+    const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+    if (seen.insert(s).second) total += static_cast<int64_t>(s->nbytes());
+  }
+  return total;
+}
+
+void ParallelStrategy::zero_grad(torch::optim::Optimizer& opt) { opt.zero_grad(); }
+
+ModelStateBytes ParallelStrategy::model_state(const torch::optim::Optimizer& opt, int64_t words) const {
+  ModelStateBytes m;
+  std::vector<torch::Tensor> params = model_->parameters(), grads, states;
+  for (const auto& p : params) grads.push_back(p.grad());
+  for (const auto& group : opt.param_groups())
+    for (const auto& p : group.params()) grads.push_back(p.grad());
+  for (const auto& [key, state] : opt.state()) {
+    if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(state.get())) {
+      states.push_back(a->exp_avg());
+      states.push_back(a->exp_avg_sq());
+      states.push_back(a->max_exp_avg_sq());
+    } else if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(state.get())) {
+      states.push_back(s->momentum_buffer());
+    }
+  }
+  m.params = storage_bytes(params);
+  m.grads = storage_bytes(grads);
+  m.optimizer = storage_bytes(states);
+  return m;
+}
+
+uint64_t ParallelStrategy::parameter_fingerprint() {
+  uint64_t h = 1469598103934665603ULL;
+  for (const auto& p : model_->parameters()) h = fingerprint(p, h);
+  return h;
+}
+
+void ParallelStrategy::clip_grad_norm(const std::vector<torch::Tensor>& opt_params, double max_norm) {
+  if (!comm_) {
+    torch::nn::utils::clip_grad_norm_(opt_params, max_norm);
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  // ddp: every rank holds the whole (averaged) gradient; zero: each holds a disjoint slice.
+  const bool sharded = dynamic_cast<Ddp*>(this) == nullptr;
+  torch::Tensor sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat));
+  for (const auto& p : opt_params)
+    if (p.grad().defined()) sq += p.grad().to(torch::kFloat).pow(2).sum().cpu();
+  if (sharded) comm_->all_reduce(sq, /*average=*/false);
+  const double norm = std::sqrt(sq.item<double>());
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1)
+    for (const auto& p : opt_params)
+      if (p.grad().defined()) p.grad().mul_(coef);
+}
+
+ExpectedModelState expected_model_state(const std::string& strategy, int64_t psi, int64_t P, int64_t K, int64_t N) {
+  const double n = static_cast<double>(std::max<int64_t>(N, 1)), x = static_cast<double>(psi);
+  const std::string p = std::to_string(P), k = std::to_string(K);
+  ExpectedModelState e;
+  double bytes = 0;
+  if (strategy == "zero1") {
+    bytes = 2.0 * P * x + K * x / n;
+    e.formula = "(" + p + "+" + p + ")Ψ + " + k + "Ψ/N";
+  } else if (strategy == "zero2") {
+    bytes = P * x + (P + K) * x / n;
+    e.formula = p + "Ψ + (" + p + "+" + k + ")Ψ/N";
+  } else if (strategy == "zero3") {
+    bytes = (2.0 * P + K) * x / n;
+    e.formula = "(" + p + "+" + p + "+" + k + ")Ψ/N";
+  } else {
+    bytes = (2.0 * P + K) * x;
+    e.formula = "(" + p + "+" + p + "+" + k + ")Ψ";
+  }
+  e.bytes = static_cast<int64_t>(std::llround(bytes));
+  return e;
+}
+
+std::unique_ptr<ParallelStrategy> make_strategy(const std::string& name, Communicator* comm, double bucket_mb) {
+  if (name == "single") return std::make_unique<Single>();
+  if (!comm) throw UsageError("parallel strategy '" + name + "' needs a process group");
+  if (name == "ddp") return std::make_unique<Ddp>(comm, bucket_mb);
+  if (name == "zero1") return std::make_unique<Zero12>(comm, 1);
+  if (name == "zero2") return std::make_unique<Zero12>(comm, 2);
+  if (name == "zero3") return std::make_unique<Zero3>(comm);
+  throw UsageError("unknown parallel strategy '" + name + "'");
+}
+
+}  // namespace trainscope::suites

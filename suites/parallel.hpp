@@ -1,0 +1,72 @@
+#pragma once
+// Data-parallel strategies (the `parallel` axis) over a Communicator:
+//   ddp    torch's C++ DDP engine (c10d::Reducer): bucketed all-reduce overlapping backward, after an
+//          initial broadcast of rank 0's parameters.
+//   zero1  optimizer state sharded: gradients all-reduced, each rank steps its slice of the flat
+//          parameters, the slices are all-gathered.
+//   zero2  gradients sharded too: reduce-scattered after backward, the full gradient buffer is freed.
+//   zero3  FSDP-style: parameters flattened per block and sharded; a block's full parameters are
+//          all-gathered just before its forward and again before its backward, freed after each, and
+//          its gradients reduce-scattered as soon as its backward is done. Parameters outside blocks
+//          (embeddings, head, stem) form a root unit gathered for the whole step.
+// Every strategy averages gradients over ranks, so K steps on N ranks equal K steps of one process on
+// the concatenated global batch (BatchNorm statistics aside: they stay per rank, as in DDP).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "core/hooks.hpp"
+#include "suites/comm.hpp"
+#include "suites/models.hpp"
+
+namespace trainscope::suites {
+
+class ParallelStrategy {
+ public:
+  virtual ~ParallelStrategy() = default;
+  // Synchronises (or shards) the model's parameters and returns the tensors the optimizer owns.
+  // broadcast=false leaves every rank with its own initial weights (the skip-broadcast fault).
+  virtual std::vector<torch::Tensor> setup(ReferenceModel& model, bool broadcast) = 0;
+  virtual void zero_grad(torch::optim::Optimizer& opt);
+  virtual void before_forward() {}
+  virtual void before_backward() {}
+  // After backward: the optimizer's tensors hold gradients averaged over the ranks.
+  virtual void reduce_gradients() {}
+  // After the optimizer step (taken or skipped): every rank's parameters are in sync.
+  virtual void after_step() {}
+  // The model's full parameters usable for evaluation and comparison (zero3 gathers them for good).
+  virtual void materialize() {}
+  // Bytes of parameters, gradients and optimizer state this rank holds now, and the ZeRO paper's value.
+  virtual ModelStateBytes model_state(const torch::optim::Optimizer& opt, int64_t optimizer_words) const;
+  // A hash of this rank's full parameters (zero3 gathers them for it).
+  virtual uint64_t parameter_fingerprint();
+  // Global gradient-norm clipping over the optimizer's tensors (all ranks agree on the norm).
+  virtual void clip_grad_norm(const std::vector<torch::Tensor>& opt_params, double max_norm);
+  Communicator* comm() const { return comm_; }
+
+ protected:
+  explicit ParallelStrategy(Communicator* comm) : comm_(comm) {}
+  Communicator* comm_;  // null for single
+  ReferenceModel* model_ = nullptr;
+};
+
+// The ZeRO paper's per-rank model-state bytes: Ψ parameters, P bytes per parameter and per gradient,
+// K bytes of optimizer state per parameter, N ranks. ddp/single (2P+K)Ψ, zero1 2PΨ + KΨ/N,
+// zero2 PΨ + (P+K)Ψ/N, zero3 (2P+K)Ψ/N. (With fp16 parameters and fp32 masters: P=2, K=12.)
+struct ExpectedModelState {
+  int64_t bytes = 0;
+  std::string formula;
+};
+ExpectedModelState expected_model_state(const std::string& strategy, int64_t psi, int64_t P, int64_t K, int64_t N);
+
+std::unique_ptr<ParallelStrategy> make_strategy(const std::string& name, Communicator* comm, double bucket_mb);
+
+// 64-bit FNV-1a over a tensor's bytes (contiguous CPU copy), for fingerprints.
+uint64_t fingerprint(const torch::Tensor& t, uint64_t seed = 1469598103934665603ULL);
+
+// Sum of the distinct storages' allocated bytes behind the tensors (views of one buffer count once).
+int64_t storage_bytes(const std::vector<torch::Tensor>& tensors);
+
+}  // namespace trainscope::suites

@@ -81,7 +81,7 @@ std::string rank_failure(const ChildOutcome& o, double timeout_s, const std::str
 }
 
 // The ranks of a multi-rank cell that this process runs: all of them (local launch) or its own
-// (external launch). Returns the cell on the process that holds rank 0, null elsewhere.
+// (external launch). Returns the cell on the process that holds rank 0, this rank's outcome elsewhere.
 json run_ranks(const std::string& name, const json& config, const std::string& device, const std::string& stem,
                double timeout_s, const Launch& launch, RendezvousStore& store, const std::string& prefix) {
   const int world = config["world_size"].get<int>();
@@ -131,7 +131,8 @@ json run_ranks(const std::string& name, const json& config, const std::string& d
   }
   if (launch.external()) {
     store.set(prefix + "outcome/" + std::to_string(launch.rank), outcomes[0].dump());
-    if (launch.rank != 0) return nullptr;
+    if (launch.rank != 0)  // this rank's own outcome; rank 0's process builds the cell
+      return json{{"status", outcomes[0]["status"]}, {"reason", outcomes[0]["reason"]}, {"wall_s", g.wall_s}};
     for (int r = 1; r < world; ++r)
       outcomes.push_back(json::parse(store.get(prefix + "outcome/" + std::to_string(r), collective_timeout + 30)));
   }
@@ -308,7 +309,6 @@ int run_suite(const RunOptions& o) {
     } else if (c.config.world_size > 1) {
       const std::string prefix = "trainscope/" + restart + "/cell" + std::to_string(i) + "/";
       cell = run_ranks(c.name, config, device, stem, c.config.timeout_s, launch, store, prefix);
-      if (cell.is_null()) cell = {{"status", "ok"}, {"note", "rank " + std::to_string(launch.rank) + " done"}};
       ran_s += cell.value("wall_s", 0.0);
       ++ran;
     } else {

@@ -1,7 +1,5 @@
 // The real `trainscope` binary: argument errors, isolation of crashing and hanging cells, the quick
 // suite end to end with schema validation, resume.
-#include <dirent.h>
-
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -9,70 +7,13 @@
 
 #include <gtest/gtest.h>
 
-#include "test_paths.hpp"
+#include "cli_support.hpp"
 
 #include "core/config.hpp"
 
 using trainscope::json;
 
-namespace {
-
-struct Result {
-  int code;
-  std::string out;
-};
-
-std::string bin() { return trainscope::test::kBinary; }
-std::string source_dir() { return trainscope::test::kSourceDir; }
-std::string tmp(const std::string& name) {
-  const std::string dir = std::string(trainscope::test::kScratchDir) + "/cli";
-  std::system(("mkdir -p " + dir).c_str());
-  return dir + "/" + name;
-}
-
-// Runs a shell command, capturing stdout and stderr together.
-Result sh(const std::string& cmd) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-Result ts(const std::string& args) { return sh(bin() + " " + args); }
-
-json read_json(const std::string& path) {
-  std::ifstream in(path);
-  return json::parse(in);
-}
-
-std::string write(const std::string& name, const std::string& text) {
-  std::ofstream(tmp(name)) << text;
-  return tmp(name);
-}
-
-int lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
-
-// Processes whose command line mentions `needle` (a leftover cell would).
-int processes_mentioning(const std::string& needle) {
-  int found = 0;
-  DIR* d = opendir("/proc");
-  while (dirent* e = readdir(d)) {
-    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    std::ifstream f(std::string("/proc/") + e->d_name + "/cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    if (cmd.find(needle) != std::string::npos && cmd.find("_cell") != std::string::npos) ++found;
-  }
-  closedir(d);
-  return found;
-}
-
-}  // namespace
+using namespace trainscope::test;
 
 TEST(Cli, BadArgumentsAreOneLineErrorsWithExit2) {
   struct Case {

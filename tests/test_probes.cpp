@@ -48,7 +48,7 @@ TEST(MemoryProbe, PhasePeaksAndActivationBytes) {
   probe.backward_end(s);
   { auto state = torch::empty({512}, torch::kFloat); }  // optimizer: 2 KiB transient
   probe.optimizer_end(s);
-  probe.run_end(RunEnd{1, ModelStateBytes{1024, 0, 0, 1024}});
+  probe.run_end(RunEnd{1, ModelStateBytes{1024, 0, 0, 1024, "(4+4+8)Ψ"}});
   const json j = probe.section();
   const int64_t base = j["baseline_bytes"];
   EXPECT_EQ(j["phase_peak_bytes"]["forward"].get<int64_t>() - base, 4096);

@@ -1,0 +1,73 @@
+#pragma once
+// Running the real `trainscope` binary from tests: shell commands, scratch files, leftover processes.
+#include <dirent.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "test_paths.hpp"
+
+#include "core/config.hpp"
+
+namespace trainscope::test {
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+inline std::string bin() { return trainscope::test::kBinary; }
+inline std::string source_dir() { return trainscope::test::kSourceDir; }
+inline std::string tmp(const std::string& name) {
+  const std::string dir = std::string(trainscope::test::kScratchDir) + "/cli";
+  std::system(("mkdir -p " + dir).c_str());
+  return dir + "/" + name;
+}
+
+// Runs a shell command, capturing stdout and stderr together.
+inline Result sh(const std::string& cmd) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+inline Result ts(const std::string& args) { return sh(bin() + " " + args); }
+
+inline json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return json::parse(in);
+}
+
+inline std::string write(const std::string& name, const std::string& text) {
+  std::ofstream(tmp(name)) << text;
+  return tmp(name);
+}
+
+inline int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+// Processes whose command line mentions `needle` (a leftover cell would).
+inline int processes_mentioning(const std::string& needle) {
+  int found = 0;
+  DIR* d = opendir("/proc");
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    std::ifstream f(std::string("/proc/") + e->d_name + "/cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (cmd.find(needle) != std::string::npos && cmd.find("_cell") != std::string::npos) ++found;
+  }
+  closedir(d);
+  return found;
+}
+
+
+}  // namespace trainscope::test

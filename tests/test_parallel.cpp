@@ -1,0 +1,351 @@
+// Distributed training on 2 local ranks over Gloo: every strategy equals one process on the global
+// batch, ranks end identical, zero3's per-rank memory shrinks, the RNG probe catches each injected
+// fault and stays quiet otherwise, a dead or hung rank fails the cell and leaves nothing behind, and
+// torchrun's variables form a group. Plus the pieces: busbw factors, ZeRO formulas, launch detection,
+// cross-rank verdicts.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "cli_support.hpp"
+#include "probes/comm.hpp"
+#include "probes/rng.hpp"
+#include "runners/launch.hpp"
+#include "suites/parallel.hpp"
+#include "test_support.hpp"
+
+using namespace trainscope;
+using namespace trainscope::test;
+
+namespace {
+
+json cell_named(const json& report, const std::string& name) {
+  for (const auto& c : report["cells"])
+    if (c["name"] == name) return c;
+  ADD_FAILURE() << "no cell " << name;
+  return json::object();
+}
+
+std::vector<torch::Tensor> load_params(const std::string& path) {
+  std::vector<torch::Tensor> v;
+  torch::load(v, path);
+  return v;
+}
+
+json stream(const json& cell, const std::string& name) {
+  for (const auto& s : cell["metrics"]["rng"]["streams"])
+    if (s["name"] == name) return s;
+  return json::object();
+}
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+}  // namespace
+
+TEST(Parallel, BusBandwidthFactorsFollowNcclTests) {
+  EXPECT_DOUBLE_EQ(probes::bus_factor("all-reduce", 2), 1.0);
+  EXPECT_DOUBLE_EQ(probes::bus_factor("all-reduce", 4), 1.5);
+  EXPECT_DOUBLE_EQ(probes::bus_factor("all-reduce", 8), 1.75);
+  EXPECT_DOUBLE_EQ(probes::bus_factor("all-gather", 4), 0.75);
+  EXPECT_DOUBLE_EQ(probes::bus_factor("reduce-scatter", 8), 0.875);
+  EXPECT_DOUBLE_EQ(probes::bus_factor("all-to-all", 2), 0.5);
+  EXPECT_DOUBLE_EQ(probes::bus_factor("broadcast", 8), 1.0);
+  EXPECT_THROW(probes::bus_factor("gossip", 4), std::invalid_argument);
+}
+
+TEST(Parallel, ZeroFormulasPerRank) {
+  // Ψ = 1000 fp32 parameters with AdamW (P = 4, K = 8) on N = 4 ranks.
+  EXPECT_EQ(suites::expected_model_state("ddp", 1000, 4, 8, 4).bytes, 16000);
+  EXPECT_EQ(suites::expected_model_state("zero1", 1000, 4, 8, 4).bytes, 8000 + 2000);
+  EXPECT_EQ(suites::expected_model_state("zero2", 1000, 4, 8, 4).bytes, 4000 + 3000);
+  EXPECT_EQ(suites::expected_model_state("zero3", 1000, 4, 8, 4).bytes, 4000);
+  // The ZeRO paper's mixed-precision Adam (fp16 parameters, fp32 masters: P = 2, K = 12), Ψ = 7.5B, N = 64.
+  const double gb = 1e9;
+  EXPECT_NEAR(suites::expected_model_state("ddp", 7500000000LL, 2, 12, 64).bytes / gb, 120.0, 0.01);
+  EXPECT_NEAR(suites::expected_model_state("zero1", 7500000000LL, 2, 12, 64).bytes / gb, 31.4, 0.01);
+  EXPECT_NEAR(suites::expected_model_state("zero2", 7500000000LL, 2, 12, 64).bytes / gb, 16.64, 0.01);
+  EXPECT_NEAR(suites::expected_model_state("zero3", 7500000000LL, 2, 12, 64).bytes / gb, 1.875, 0.01);
+  EXPECT_EQ(suites::expected_model_state("zero2", 1000, 4, 8, 4).formula, "4Ψ + (4+8)Ψ/N");
+}
+
+TEST(Parallel, CrossRankVerdicts) {
+  auto rank = [](std::vector<std::tuple<std::string, std::string, int, std::string>> rows) {
+    json f = json::array();
+    for (const auto& [s, c, step, v] : rows) f.push_back({s, c, step, v});
+    return json{{"every", 5}, {"fingerprints", f}};
+  };
+  const json r0 = rank({{"parameters", "must-match", 0, "aa"}, {"parameters", "must-match", 5, "bb"},
+                        {"data-samples", "should-differ", 0, "d0"}, {"data-samples", "should-differ", 5, "e0"}});
+  const json r1 = rank({{"parameters", "must-match", 0, "aa"}, {"parameters", "must-match", 5, "bb"},
+                        {"data-samples", "should-differ", 0, "d1"}, {"data-samples", "should-differ", 5, "e0"}});
+  const json r2 = rank({{"parameters", "must-match", 0, "aa"}, {"parameters", "must-match", 5, "XX"},
+                        {"data-samples", "should-differ", 0, "d2"}, {"data-samples", "should-differ", 5, "e2"}});
+  const json v = probes::compare_rng({r0, r1, r2});
+  ASSERT_EQ(v["streams"].size(), 2u);
+  EXPECT_EQ(v["violations"], 2);
+  const json& params = v["streams"][0];
+  EXPECT_EQ(params["verdict"], "violated");
+  EXPECT_EQ(params["first_violation_step"], 5);
+  EXPECT_EQ(params["ranks"], json::array({2}));  // the odd one out of three
+  const json& data = v["streams"][1];
+  EXPECT_EQ(data["verdict"], "violated");
+  EXPECT_EQ(data["first_violation_step"], 5);
+  EXPECT_EQ(data["ranks"], json::array({0, 1}));  // identical samples on ranks 0 and 1
+  // Two ranks that agree everywhere: no violation.
+  const json clean = probes::compare_rng({r0, r0});
+  EXPECT_EQ(clean["streams"][0]["verdict"], "ok");
+  EXPECT_EQ(clean["streams"][1]["verdict"], "violated");  // r0 twice draws the same data: caught
+}
+
+TEST(Parallel, LaunchVariables) {
+  using runners::detect_launch;
+  EXPECT_FALSE(detect_launch({{"HOME", "/root"}}).has_value());
+  auto t = detect_launch({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.0.0.5"},
+                          {"MASTER_PORT", "29600"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->source, "torchrun");
+  EXPECT_EQ(t->rank, 1);
+  EXPECT_EQ(t->world_size, 4);
+  EXPECT_EQ(t->master_addr, "10.0.0.5");
+  EXPECT_EQ(t->master_port, 29600);
+  EXPECT_FALSE(t->serve_store);  // torchrun's agent serves the store
+  auto s = detect_launch({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "3"},
+                          {"SLURM_JOB_NODELIST", "gpu[07-08,11],cpu1"}});
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->source, "slurm");
+  EXPECT_EQ(s->rank, 3);
+  EXPECT_EQ(s->master_addr, "gpu07");
+  EXPECT_EQ(s->master_port, 29500);
+  EXPECT_TRUE(s->serve_store);
+  auto m = detect_launch({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                          {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}});
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->source, "mpirun");
+  EXPECT_EQ(m->world_size, 2);
+  EXPECT_FALSE(detect_launch({{"RANK", "0"}, {"WORLD_SIZE", "1"}}).has_value());  // a world of one
+  EXPECT_NE(error_of([] { detect_launch({{"RANK", "4"}, {"WORLD_SIZE", "4"}}); }).find("outside a world of 4"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { detect_launch({{"RANK", "x"}, {"WORLD_SIZE", "2"}}); }).find("not an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { detect_launch({{"RANK", "0"}}); }).find("WORLD_SIZE is not set"), std::string::npos);
+  EXPECT_EQ(runners::first_slurm_host("node[01-04,07]"), "node01");
+  EXPECT_EQ(runners::first_slurm_host("a,b"), "a");
+  EXPECT_EQ(runners::first_slurm_host("solo"), "solo");
+}
+
+// K steps of every strategy on 2 ranks against one process on the concatenated global batch.
+TEST(Parallel, StrategiesEqualOneProcessOnTheGlobalBatch) {
+  const std::string suite = write("equal.toml", R"(
+name = "equal"
+[base]
+model = "gpt-tiny"
+warmup_steps = 0
+steps = 6
+eval = false
+overflow_every = 0
+lr = 3e-3
+save_parameters = true
+world_size = 2
+batch_size = 4
+[axes]
+parallel = ["ddp", "zero1", "zero2", "zero3"]
+checkpoint = ["none", "full"]
+[[cells]]
+name = "single"
+world_size = 1
+batch_size = 8
+[[cells]]
+name = "ws3"
+world_size = 3
+parallel = "ddp"
+)");
+  const std::string out = tmp("equal");
+  std::system(("rm -rf " + out).c_str());
+  const Result r = ts("run --suite " + suite + " --nproc 2 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json report = read_json(out + "/report.json");
+  const json ws3 = cell_named(report, "ws3");
+  EXPECT_EQ(ws3["status"], "skipped");
+  EXPECT_NE(ws3["reason"].get<std::string>().find("--nproc 3"), std::string::npos);
+
+  const auto single = load_params(out + "/cells/single.params.pt");
+  ASSERT_FALSE(single.empty());
+  double worst = 0;
+  for (const std::string strategy : {"ddp", "zero1", "zero2", "zero3"}) {
+    for (const std::string ckpt : {"none", "full"}) {
+      const std::string stem = out + "/cells/" + strategy + "_ckpt-" + ckpt;
+      const auto r0 = load_params(stem + ".rank0.params.pt");
+      const auto r1 = load_params(stem + ".rank1.params.pt");
+      ASSERT_EQ(r0.size(), single.size());
+      for (size_t i = 0; i < single.size(); ++i) {
+        EXPECT_TRUE(torch::equal(r0[i], r1[i])) << strategy << " parameter " << i << " differs between ranks";
+        // Sums over 2 x 4 samples in another order than over 8: rounding, amplified a little by Adam.
+        EXPECT_TRUE(torch::allclose(r0[i], single[i], /*rtol=*/1e-4, /*atol=*/1e-5))
+            << strategy << "/" << ckpt << " parameter " << i << ": max |diff| "
+            << (r0[i] - single[i]).abs().max().item<double>();
+        worst = std::max(worst, (r0[i] - single[i]).abs().max().item<double>());
+      }
+    }
+  }
+  std::printf("largest |parameter - one process| over the strategies: %.3g\n", worst);
+
+  // Memory per rank: measured beside the ZeRO formulas, and zero3 near half of ddp at 2 ranks.
+  auto state = [&](const std::string& name) { return cell_named(report, name)["metrics"]["memory"]; };
+  for (const std::string strategy : {"ddp", "zero1", "zero2", "zero3"}) {
+    const json m = state(strategy + "/ckpt-none");
+    const double measured = m["model_state_total_bytes"], expected = m["expected_model_state_bytes"];
+    EXPECT_NEAR(measured / expected, 1.0, 0.01) << strategy;  // padding to equal shards is all that differs
+  }
+  const double ddp = state("ddp/ckpt-none")["model_state_total_bytes"];
+  const double zero3 = state("zero3/ckpt-none")["model_state_total_bytes"];
+  EXPECT_NEAR(zero3 / ddp, 0.5, 0.01);
+  const double single_state = state("single")["model_state_total_bytes"];
+  EXPECT_DOUBLE_EQ(ddp, single_state);
+}
+
+TEST(Parallel, RngProbeCatchesEachInjectedFaultAndNothingElse) {
+  const std::string suite = write("rng.toml", R"(
+name = "rng"
+[base]
+warmup_steps = 1
+steps = 6
+rng_every = 2
+eval = false
+overflow_every = 0
+world_size = 2
+parallel = "ddp"
+[axes]
+model = ["gpt-tiny", "mlp-tiny"]
+inject = ["none", "same-data-seed", "skip-broadcast", "rank-dropout-seed"]
+[when.model.gpt-tiny]
+batch_size = 4
+dropout = 0.1
+[when.model.mlp-tiny]
+batch_size = 16
+augment = true
+)");
+  const std::string out = tmp("rng");
+  std::system(("rm -rf " + out).c_str());
+  const Result r = ts("run --suite " + suite + " --nproc 2 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json report = read_json(out + "/report.json");
+  for (const std::string model : {"gpt-tiny", "mlp-tiny"}) {
+    const json clean = cell_named(report, model + "/inject=none");
+    EXPECT_EQ(clean["metrics"]["rng"]["violations"], 0) << clean["metrics"]["rng"].dump();
+    EXPECT_GT(stream(clean, "parameters")["steps_compared"].get<int>(), 1);
+
+    const json same = cell_named(report, model + "/inject=same-data-seed");
+    EXPECT_EQ(stream(same, "data-samples")["verdict"], "violated");
+    EXPECT_EQ(stream(same, "data-samples")["first_violation_step"], 0);
+    EXPECT_EQ(stream(same, "data-samples")["ranks"], json::array({0, 1}));
+    EXPECT_NE(stream(same, "data-samples")["detail"].get<std::string>().find("no diversity"), std::string::npos);
+    EXPECT_EQ(stream(same, "parameters")["verdict"], "ok");
+
+    const json skip = cell_named(report, model + "/inject=skip-broadcast");
+    EXPECT_EQ(stream(skip, "initial-weights")["verdict"], "violated");
+    EXPECT_EQ(stream(skip, "initial-weights")["first_violation_step"], 0);
+    EXPECT_EQ(stream(skip, "parameters")["verdict"], "violated");  // DDP averages gradients, not weights
+    EXPECT_EQ(stream(skip, "data-samples")["verdict"], "ok");
+  }
+  const json mlp_same = cell_named(report, "mlp-tiny/inject=same-data-seed");
+  EXPECT_EQ(stream(mlp_same, "augmentation")["verdict"], "violated");
+  EXPECT_EQ(stream(cell_named(report, "mlp-tiny/inject=none"), "augmentation")["verdict"], "ok");
+  const json dropout = cell_named(report, "gpt-tiny/inject=rank-dropout-seed");
+  EXPECT_EQ(stream(dropout, "dropout-masks")["verdict"], "violated");
+  EXPECT_EQ(stream(dropout, "dropout-masks")["first_violation_step"], 0);
+  EXPECT_EQ(stream(dropout, "initial-weights")["verdict"], "ok");
+  EXPECT_EQ(stream(cell_named(report, "gpt-tiny/inject=none"), "dropout-masks")["verdict"], "ok");
+}
+
+TEST(Parallel, DeadOrHungRankFailsTheCellAndLeavesNoProcess) {
+  const std::string suite = write("death.toml", R"(
+name = "death"
+[base]
+model = "mlp-tiny"
+batch_size = 16
+warmup_steps = 1
+steps = 6
+eval = false
+overflow_every = 0
+world_size = 2
+parallel = "ddp"
+inject_rank = 1
+inject_step = 3
+collective_timeout_s = 5
+timeout_s = 120
+[axes]
+inject = ["crash", "hang", "none"]
+)");
+  const std::string out = tmp("death");
+  std::system(("rm -rf " + out).c_str());
+  const Result r = ts("run --suite " + suite + " --nproc 2 --out " + out);
+  EXPECT_EQ(r.code, 1) << r.out;  // a failed cell, the report written
+  const json report = read_json(out + "/report.json");
+  const json crash = cell_named(report, "inject=crash");
+  EXPECT_EQ(crash["status"], "failed");
+  EXPECT_NE(crash["reason"].get<std::string>().find("rank 1 killed by signal 11 (SIGSEGV)"), std::string::npos)
+      << crash["reason"];
+  const json hang = cell_named(report, "inject=hang");
+  EXPECT_EQ(hang["status"], "failed");
+  // Rank 0 gives up in its collective after collective_timeout_s, long before the cell's timeout.
+  EXPECT_LT(hang["wall_s"].get<double>(), 60.0);
+  EXPECT_NE(hang["reason"].get<std::string>().find("rank(s) 1 had not failed and were stopped"), std::string::npos)
+      << hang["reason"];
+  EXPECT_EQ(cell_named(report, "inject=none")["status"], "ok");
+  EXPECT_EQ(processes_mentioning(out), 0);
+}
+
+// What `torchrun --nproc-per-node 2 --no-python trainscope run ...` sets, set by hand: the two
+// processes form one group, rank 0 writes the report with the merged cell.
+TEST(Parallel, TorchrunVariablesFormTheGroup) {
+  const std::string suite = write("torchrun.toml", R"(
+name = "torchrun"
+[base]
+model = "mlp-tiny"
+batch_size = 16
+warmup_steps = 1
+steps = 4
+eval = false
+overflow_every = 0
+world_size = 2
+parallel = "zero2"
+[[cells]]
+name = "alone"
+world_size = 1
+parallel = "single"
+)");
+  const std::string out = tmp("torchrun");
+  std::system(("rm -rf " + out).c_str());
+  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
+                          " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 ";
+  const std::string cmd = bin() + " run --suite " + suite + " --out " + out;
+  const Result r = sh("(RANK=1 LOCAL_RANK=1 " + env + cmd + " > " + out + ".rank1.txt 2>&1 &) ; RANK=0 LOCAL_RANK=0 " +
+                      env + cmd + "; sleep 1; cat " + out + ".rank1.txt");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("torchrun: rank 1 of 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 1: done; rank 0 writes the report"), std::string::npos) << r.out;
+  const json report = read_json(out + "/report.json");
+  const json cell = cell_named(report, "torchrun");  // the suite's one matrix cell
+  EXPECT_EQ(cell["status"], "ok") << cell.dump();
+  EXPECT_EQ(cell["ranks"].size(), 2u);
+  EXPECT_EQ(cell["metrics"]["rng"]["violations"], 0);
+  const json alone = cell_named(report, "alone");
+  EXPECT_EQ(alone["status"], "skipped");  // the launch has 2 ranks
+  EXPECT_NE(alone["reason"].get<std::string>().find("torchrun launch has 2 ranks"), std::string::npos);
+}

@@ -238,6 +238,79 @@ json recommend(const json& report) {
     }
   }
 
+  // Parallel strategies: memory against DDP, exposed communication, scaling, and RNG streams.
+  constexpr double kExposedWarn = 0.25;  // exposed communication above this share of the step
+  for (const auto& c : report["cells"]) {
+    if (!c.contains("parallel") || c["status"] != "ok") continue;
+    const json& p = c["parallel"];
+    const json& cfg = c["config"];
+    const std::string strategy = cfg.value("parallel", "?"), model = cfg.value("model", "?");
+    const std::string at = " at " + std::to_string(cfg.value("world_size", 0)) + " ranks";
+    if (strategy.rfind("zero", 0) == 0 && p["model_state_vs_ddp_pct"].is_number()) {
+      const json* ddp = sibling(report, c, "parallel", "ddp");
+      const double state = p["model_state_bytes"], state0 = number_at(*ddp, {"metrics", "memory", "model_state_total_bytes"});
+      std::string text = model + ": " + strategy + " cuts model-state memory per rank from " + format_bytes(state0) +
+                         " to " + format_bytes(state) + at + " (expected " +
+                         format_bytes(p["expected_model_state_bytes"].get<double>()) + ")";
+      if (p["step_time_vs_ddp_pct"].is_number())
+        text += " for " + format_signed_pct(p["step_time_vs_ddp_pct"].get<double>()) + " step time against ddp";
+      out.push_back(rec("parallel.zero-memory", "info", text,
+                        {{"model_state_bytes", state}, {"ddp_model_state_bytes", state0},
+                         {"expected_model_state_bytes", p["expected_model_state_bytes"]},
+                         {"step_time_vs_ddp_pct", p["step_time_vs_ddp_pct"]}},
+                        {c["name"], (*ddp)["name"]}));
+    }
+    if (p["exposed_comm_fraction"].is_number() && p["exposed_comm_fraction"].get<double>() > kExposedWarn) {
+      const double f = p["exposed_comm_fraction"];
+      const std::string remedy = strategy == "ddp"
+                                     ? "larger buckets (bucket_mb) cut per-bucket latency; more overlap needs the last buckets to be small"
+                                 : strategy == "zero3"
+                                     ? "prefetch the next block's all-gather during the current block, or fewer, larger units"
+                                     : "overlap the gradient reduction with backward (bucketed, as DDP does)";
+      out.push_back(rec("parallel.exposed-comm", "warn",
+                        model + "/" + strategy + ": exposed communication is " + format_fixed(100 * f, 0) +
+                            "% of the step" + at + " (overlap " +
+                            (p["overlap"].is_number() ? format_fixed(100 * p["overlap"].get<double>(), 0) + "%" : std::string("-")) +
+                            "): " + remedy,
+                        {{"exposed_comm_fraction", f}, {"overlap", p["overlap"]}, {"threshold", kExposedWarn}},
+                        {c["name"]}));
+    }
+    if (strategy == "ddp" && p["scaling_efficiency"].is_number())
+      out.push_back(rec("parallel.scaling", p["scaling_efficiency"].get<double>() < 0.5 ? "warn" : "info",
+                        model + "/" + strategy + at + ": " +
+                            format_fixed(p["scaling_efficiency"].get<double>() * cfg.value("world_size", 1.0), 2) +
+                            "x the throughput of one process at the same per-rank batch (scaling efficiency " +
+                            format_fixed(100 * p["scaling_efficiency"].get<double>(), 0) + "%)",
+                        {{"scaling_efficiency", p["scaling_efficiency"]}, {"step_time_vs_single_pct", p["step_time_vs_single_pct"]}},
+                        {c["name"], p["reference"]}));
+  }
+  // RNG streams: what each violation means and what fixes it.
+  static const std::map<std::string, std::string> kFix = {
+      {"initial-weights", "ranks start from different weights: broadcast rank 0's parameters before training"},
+      {"parameters", "parameters drift apart across ranks: their gradients or updates are not synchronised"},
+      {"cpu-generator", "the model's generator differs across ranks: seed it identically on every rank and draw "
+                        "per-rank randomness (data, augmentation) from generators of their own"},
+      {"cuda-generator", "the GPU generator differs across ranks: seed it identically on every rank"},
+      {"dropout-masks", "dropout masks differ across ranks where the replicated model needs them equal: seed the "
+                        "model's generator identically on every rank"},
+      {"data-samples", "every rank trains on the same samples (no diversity across ranks): shard the data by rank"},
+      {"augmentation", "the augmentation stream is identical on all ranks: seed it per rank"}};
+  for (const auto& c : report["cells"]) {
+    if (!c.contains("metrics") || !c["metrics"].contains("rng")) continue;
+    for (const auto& st : c["metrics"]["rng"].value("streams", json::array())) {
+      if (st["verdict"] != "violated") continue;
+      const std::string name = st["name"];
+      std::string ranks;
+      for (const auto& r : st["ranks"]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r.get<int>());
+      const auto fix = kFix.find(name);
+      out.push_back(rec("rng." + name, "critical",
+                        c["name"].get<std::string>() + ": " + st["class"].get<std::string>() + " stream '" + name +
+                            "' violated from step " + std::to_string(st["first_violation_step"].get<int64_t>()) +
+                            " on ranks " + ranks + ": " + (fix != kFix.end() ? fix->second : st.value("detail", "")),
+                        st, {c["name"]}));
+    }
+  }
+
   // A GPU without bf16: the fast option is fp16 with the scaler.
   for (const auto& c : report["cells"]) {
     if (c["status"] != "skipped" || c["config"].value("precision", "").rfind("bf16", 0) != 0) continue;

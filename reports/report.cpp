@@ -74,6 +74,39 @@ json compare_checkpointing(const json& cell, const json& none) {
               {"hfu", m["timing"].value("hfu", json())}};
 }
 
+json compare_parallel(const json& cell, const json* single, const json* ddp) {
+  if (cell.value("status", "") != "ok" || !cell.contains("metrics")) return nullptr;
+  const json& m = cell["metrics"];
+  const double world = cell["config"].value("world_size", 1);
+  json p{{"world_size", world}, {"reference", single ? (*single)["name"] : json(nullptr)}};
+  const double t = number_at(m, {"timing", "step_time_s", "p50"});
+  const double rate = number_at(m, {"timing", "samples_per_s"});
+  p["step_time_vs_single_pct"] = nullptr;
+  p["scaling_efficiency"] = nullptr;
+  if (single && (*single)["status"] == "ok") {
+    const double t1 = number_at(*single, {"metrics", "timing", "step_time_s", "p50"});
+    const double rate1 = number_at(*single, {"metrics", "timing", "samples_per_s"});
+    if (t > 0 && t1 > 0) p["step_time_vs_single_pct"] = 100.0 * (t / t1 - 1.0);
+    // Global throughput against N independent copies of the single process.
+    if (rate > 0 && rate1 > 0) p["scaling_efficiency"] = rate / (world * rate1);
+  }
+  const double state = number_at(m, {"memory", "model_state_total_bytes"});
+  p["model_state_bytes"] = std::isfinite(state) ? json(state) : json(nullptr);
+  p["expected_model_state_bytes"] = m.contains("memory") ? m["memory"].value("expected_model_state_bytes", json()) : json();
+  p["model_state_vs_ddp_pct"] = nullptr;
+  p["step_time_vs_ddp_pct"] = nullptr;
+  if (ddp && (*ddp)["status"] == "ok" && &cell != ddp) {
+    const double state0 = number_at(*ddp, {"metrics", "memory", "model_state_total_bytes"});
+    const double t0 = number_at(*ddp, {"metrics", "timing", "step_time_s", "p50"});
+    if (state0 > 0 && std::isfinite(state)) p["model_state_vs_ddp_pct"] = 100.0 * (state / state0 - 1.0);
+    if (t0 > 0 && t > 0) p["step_time_vs_ddp_pct"] = 100.0 * (t / t0 - 1.0);
+  }
+  p["exposed_comm_fraction"] = m.contains("comm") ? m["comm"].value("exposed_fraction_of_step", json()) : json();
+  p["overlap"] = m.contains("comm") ? m["comm"].value("overlap", json()) : json();
+  p["rng_violations"] = m.contains("rng") ? m["rng"].value("violations", json()) : json();
+  return p;
+}
+
 json make_report(const json& env, const json& suite, const std::vector<json>& cells_in, const json& frontier) {
   json r;
   r["cells"] = cells_in;
@@ -83,6 +116,11 @@ json make_report(const json& env, const json& suite, const std::vector<json>& ce
       if (const json* base = fp32_sibling(r, c)) {
         const json n = compare_numerics(c, *base);
         if (!n.is_null()) c["numerics"] = n;
+      }
+    if (c["config"].value("world_size", 1) > 1) {
+        const json p = compare_parallel(c, sibling(r, c, {{"parallel", "single"}, {"world_size", 1}}),
+                                        sibling(r, c, {{"parallel", "ddp"}}));
+        if (!p.is_null()) c["parallel"] = p;
       }
     if (c["config"].value("checkpoint", "none") != "none")
       if (const json* none = sibling(r, c, "checkpoint", "none")) {
@@ -162,9 +200,13 @@ json read_report(const std::string& path_or_dir) {
 }
 
 const json* sibling(const json& report, const json& cell, const std::string& key, const json& value) {
+  return sibling(report, cell, json{{key, value}});
+}
+
+const json* sibling(const json& report, const json& cell, const json& changes) {
   if (!cell.contains("config")) return nullptr;
   json want = cell["config"];
-  want[key] = value;
+  for (auto it = changes.begin(); it != changes.end(); ++it) want[it.key()] = it.value();
   for (const auto& c : report["cells"])
     if (c.contains("config") && c["config"] == want) return &c;
   return nullptr;

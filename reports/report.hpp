@@ -24,6 +24,8 @@ json read_report(const std::string& path_or_dir);
 
 // The cell whose configuration equals this one's but for `key` = `value`, if the report has it.
 const json* sibling(const json& report, const json& cell, const std::string& key, const json& value);
+// The same with several keys changed: {"parallel": "single", "world_size": 1}.
+const json* sibling(const json& report, const json& cell, const json& changes);
 // The cell of the same configuration in 32-true (for speed-ups and numerics).
 inline const json* fp32_sibling(const json& report, const json& cell) {
   return sibling(report, cell, "precision", "32-true");
@@ -32,6 +34,11 @@ inline const json* fp32_sibling(const json& report, const json& cell) {
 // What a checkpointing policy bought against `none` at the same configuration: peak and activation
 // memory saved (%), recompute overhead (% of step time), MFU and HFU. Null without a comparable pair.
 json compare_checkpointing(const json& cell, const json& none);
+
+// A multi-rank cell against one process at the same per-rank batch (step time, scaling efficiency)
+// and against DDP at the same world size (model-state memory and step time), with its exposed
+// communication and RNG violations. Null for a cell that did not finish.
+json compare_parallel(const json& cell, const json* single, const json* ddp);
 
 // Numerics of a cell against its 32-true sibling: relative final-loss difference, the largest
 // relative deviation along the loss curve, and a verdict matches | drifts | diverged, with the

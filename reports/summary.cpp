@@ -1,5 +1,6 @@
 // The terminal summary: one row per cell, read from the report JSON alone.
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "core/units.hpp"
@@ -88,6 +89,30 @@ std::string render_summary(const json& report) {
           << ", step time "
           << format_signed_pct(c["checkpointing"]["recompute_overhead_pct"].get<double>(), 1) << " against "
           << c["checkpointing"]["reference"].get<std::string>() << "\n";
+  bool parallel_head = false;
+  for (const auto& c : report["cells"]) {
+    if (!c.contains("parallel")) continue;
+    if (!parallel_head) out << "\nparallel (per rank; against one process at the same per-rank batch):\n";
+    parallel_head = true;
+    const json& p = c["parallel"];
+    const json& mem = c["metrics"]["memory"];
+    out << "  " << pad(c["name"].get<std::string>(), 28);
+    if (p["step_time_vs_single_pct"].is_number())
+      out << "  step " << pad(format_signed_pct(p["step_time_vs_single_pct"].get<double>()), 5, true);
+    if (p["model_state_bytes"].is_number())
+      out << "  model state " << format_bytes(p["model_state_bytes"].get<double>()) << " (expected "
+          << format_bytes(mem.value("expected_model_state_bytes", 0.0)) << " = "
+          << mem.value("expected_model_state_formula", std::string("?")) << ")";
+    const double comm = number_at(c, {"metrics", "comm", "comm_time_s"});
+    if (std::isfinite(comm)) out << "  comm " << format_seconds(comm) << "/step";
+    if (p["exposed_comm_fraction"].is_number())
+      out << ", exposed " << format_fixed(100 * p["exposed_comm_fraction"].get<double>(), 0) << "% of step";
+    if (p["overlap"].is_number()) out << ", overlap " << format_fixed(100 * p["overlap"].get<double>(), 0) << "%";
+    if (p["rng_violations"].is_number()) out << "  rng violations " << p["rng_violations"].get<int64_t>();
+    if (c.contains("slowest_rank") && c["slowest_rank"].is_number())
+      out << "  slowest rank " << c["slowest_rank"].get<int64_t>();
+    out << "\n";
+  }
   if (report.contains("recommendations") && !report["recommendations"].empty()) {
     out << "\nrecommendations:\n";
     for (const auto& r : report["recommendations"])

@@ -146,9 +146,9 @@ class Ddp : public ParallelStrategy {
       comm_->broadcast(params_, 0);
     }
     broadcast_buffers(*comm_, model);
-    // PyTorch's DDP: a small first bucket (1 MiB) so that communication starts early, then bucket_mb;
-    // buckets listed in reverse parameter order, the order gradients become ready.
-    const size_t first = 1024 * 1024;
+    // PyTorch's DDP: a small first bucket (1 MiB, or bucket_mb if smaller) so that communication
+    // starts early, then bucket_mb; buckets in reverse parameter order, the order gradients arrive.
+    const size_t first = std::min<size_t>(1024 * 1024, static_cast<size_t>(std::max<int64_t>(bucket_bytes_, 1)));
     auto [indices, limits] = c10d::compute_bucket_assignment_by_size(
         params_, {first, static_cast<size_t>(std::max<int64_t>(bucket_bytes_, 1))}, std::vector<bool>(params_.size(), false));
     std::reverse(indices.begin(), indices.end());

@@ -245,6 +245,9 @@ augment = true
   const Result r = ts("run --suite " + suite + " --nproc 2 --out " + out);
   ASSERT_EQ(r.code, 0) << r.out;
   const json report = read_json(out + "/report.json");
+  const std::string schema = source_dir() + "/reports/schema/report.schema.json";
+  const Result valid = sh("/usr/bin/python3 " + source_dir() + "/tests/validate_report.py " + schema + " " + out + "/report.json");
+  EXPECT_EQ(valid.code, 0) << valid.out;  // comm, rng and ranks as the schema says
   for (const std::string model : {"gpt-tiny", "mlp-tiny"}) {
     const json clean = cell_named(report, model + "/inject=none");
     EXPECT_EQ(clean["metrics"]["rng"]["violations"], 0) << clean["metrics"]["rng"].dump();

@@ -348,6 +348,11 @@ parallel = "single"
   EXPECT_EQ(cell["status"], "ok") << cell.dump();
   EXPECT_EQ(cell["ranks"].size(), 2u);
   EXPECT_EQ(cell["metrics"]["rng"]["violations"], 0);
+  // Launcher variables that do not make a world: one line, exit 2, nothing run.
+  const Result bad = sh("RANK=5 WORLD_SIZE=2 " + cmd);
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("rank 5 is outside a world of 2"), std::string::npos) << bad.out;
+  EXPECT_EQ(lines(bad.out), 1) << bad.out;
   const json alone = cell_named(report, "alone");
   EXPECT_EQ(alone["status"], "skipped");  // the launch has 2 ranks
   EXPECT_NE(alone["reason"].get<std::string>().find("torchrun launch has 2 ranks"), std::string::npos);

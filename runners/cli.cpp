@@ -12,6 +12,7 @@
 #include "probes/gpu.hpp"
 #include "reports/report.hpp"
 #include "runners/cell.hpp"
+#include "runners/launch.hpp"
 #include "runners/suite_run.hpp"
 #include "suites/data.hpp"
 #include "suites/suite_file.hpp"
@@ -40,6 +41,14 @@ int list_command() {
   std::printf("  fashion-mnist %s\n", suites::fashion_mnist_available()
                                           ? ("yes (" + suites::fashion_mnist_dir() + ")").c_str()
                                           : "no: apt-get install dataset-fashion-mnist");
+  // What the ranks would use: the launcher this process runs under, else local processes.
+  std::string ranks = "local processes (--nproc N), Gloo";
+  try {
+    if (const auto l = detect_launch(process_env())) ranks = l->describe();
+  } catch (const UsageError& e) {
+    ranks = std::string("launcher variables are inconsistent: ") + e.what();
+  }
+  std::printf("  ranks        %s%s\n", ranks.c_str(), cuda ? "; NCCL on CUDA" : "");
 
   std::printf("\nmodels:\n");
   for (const auto& p : suites::model_presets())

@@ -4,8 +4,6 @@
 // rank's mean over the iterations; algbw = size / time, busbw = algbw x nccl-tests' factor
 // (probes/comm.hpp). Sizes follow nccl-tests: the per-rank buffer for all-reduce, the full buffer for
 // all-gather and reduce-scatter. On Gloo the report's implementation line says what is emulated.
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,29 +12,14 @@
 
 #include <CLI/CLI.hpp>
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
 #include "core/units.hpp"
 #include "probes/comm.hpp"
+#include "runners/launch.hpp"
 #include "suites/comm.hpp"
 
 using namespace trainscope;
 
 namespace {
-
-// A port that was free a moment ago (taken before forking, so that every rank knows it).
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  const int port = ntohs(a.sin_port);
-  close(fd);
-  return port;
-}
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -44,14 +27,12 @@ double now_s() {
 
 int rank_main(int rank, int world, int port, const std::string& backend, int64_t min_bytes, int64_t max_bytes) {
   at::set_num_threads(1);
-  c10::intrusive_ptr<c10d::TCPStore> server;
-  if (rank == 0) {
-    c10d::TCPStoreOptions o;
-    o.port = static_cast<std::uint16_t>(port);
-    o.isServer = true;
-    o.waitWorkers = false;
-    server = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
-  }
+  // Rank 0 serves the rendezvous store, as `trainscope run` does.
+  runners::Launch launch;
+  launch.master_port = port;
+  launch.world_size = world;
+  runners::RendezvousStore store(launch);
+  if (rank == 0) store.port();
   suites::Communicator comm(suites::Rendezvous{"127.0.0.1", port, "bench/", rank, world}, backend, torch::kCPU, 120);
   if (rank == 0) {
     std::printf("# trainscope collectives: %d ranks, %s\n# %s\n#\n", world, backend.c_str(), comm.implementation().c_str());
@@ -124,7 +105,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "trainscope_collectives: error: bad --min-bytes/--max-bytes\n");
     return 2;
   }
-  const int port = free_port();
+  const int port = runners::free_local_port();
   // Fork every rank before torch starts any thread.
   std::vector<pid_t> children;
   for (int r = 1; r < nproc; ++r) {

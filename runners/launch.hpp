@@ -37,6 +37,8 @@ struct Launch {
 // Throws UsageError on inconsistent variables (RANK without WORLD_SIZE, a rank outside the world).
 std::optional<Launch> detect_launch(const std::map<std::string, std::string>& env);
 std::map<std::string, std::string> process_env();
+// A loopback TCP port that was free a moment ago (for a rendezvous that others must know beforehand).
+int free_local_port();
 // "node[01-04,07],gpu2" -> "node01"; "a,b" -> "a".
 std::string first_slurm_host(const std::string& nodelist);
 

@@ -3,8 +3,6 @@
 // fault and stays quiet otherwise, a dead or hung rank fails the cell and leaves nothing behind, and
 // torchrun's variables form a group. Plus the pieces: busbw factors, ZeRO formulas, launch detection,
 // cross-rank verdicts.
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -40,20 +38,6 @@ json stream(const json& cell, const std::string& name) {
   for (const auto& s : cell["metrics"]["rng"]["streams"])
     if (s["name"] == name) return s;
   return json::object();
-}
-
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  const int port = ntohs(a.sin_port);
-  close(fd);
-  return port;
 }
 
 }  // namespace
@@ -335,7 +319,7 @@ parallel = "single"
 )");
   const std::string out = tmp("torchrun");
   std::system(("rm -rf " + out).c_str());
-  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
+  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(runners::free_local_port()) +
                           " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 ";
   const std::string cmd = bin() + " run --suite " + suite + " --out " + out;
   const Result r = sh("(RANK=1 LOCAL_RANK=1 " + env + cmd + " > " + out + ".rank1.txt 2>&1 &) ; RANK=0 LOCAL_RANK=0 " +

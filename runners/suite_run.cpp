@@ -133,8 +133,16 @@ json run_ranks(const std::string& name, const json& config, const std::string& d
     store.set(prefix + "outcome/" + std::to_string(launch.rank), outcomes[0].dump());
     if (launch.rank != 0)  // this rank's own outcome; rank 0's process builds the cell
       return json{{"status", outcomes[0]["status"]}, {"reason", outcomes[0]["reason"]}, {"wall_s", g.wall_s}};
-    for (int r = 1; r < world; ++r)
-      outcomes.push_back(json::parse(store.get(prefix + "outcome/" + std::to_string(r), collective_timeout + 30)));
+    for (int r = 1; r < world; ++r) {
+      try {
+        outcomes.push_back(json::parse(store.get(prefix + "outcome/" + std::to_string(r), collective_timeout + 30)));
+      } catch (const std::exception& e) {
+        // Its `trainscope run` died or hangs: the cell says so and the suite goes on.
+        outcomes.push_back({{"rank", r}, {"ok", false}, {"status", "failed"}, {"signaled", false},
+                            {"failed_at", nullptr}, {"wall_s", nullptr},
+                            {"reason", std::string("sent no outcome: ") + e.what()}});
+      }
+    }
   }
 
   // The cause among the failed ranks: one killed by a signal, else the one whose error came first

@@ -64,10 +64,8 @@ struct FlatParams {
   torch::Tensor slice(const torch::Tensor& buf, int rank) const { return buf.narrow(0, rank * shard, shard); }
 };
 
-std::vector<torch::Tensor> params_of(torch::nn::Module& m) { return m.parameters(); }
-
-// A leaf tensor the optimizer owns: this rank's slice of a flat buffer (sharing its memory when
-// `share`, else a copy), with a gradient buffer of its own or the matching slice of the gradients.
+// A leaf tensor the optimizer owns: this rank's slice of a flat buffer, sharing its memory (zero1/2:
+// the step updates the flat parameters in place) or a copy (zero3: the flat buffer is freed at rest).
 torch::Tensor optimizer_slice(const torch::Tensor& data, bool share) {
   torch::Tensor t = share ? data.detach() : data.detach().clone();
   return t.requires_grad_(true);
@@ -348,7 +346,7 @@ class Zero3 : public ParallelStrategy {
     std::set<const void*> in_blocks;
     for (torch::nn::Module* b : model.blocks()) {
       auto u = c10::make_intrusive<Unit>();
-      u->fp.build(params_of(*b), world);
+      u->fp.build(b->parameters(), world);
       for (const auto& p : u->fp.params) in_blocks.insert(p.unsafeGetTensorImpl());
       units_.push_back(u);
     }
@@ -440,15 +438,31 @@ class Zero3 : public ParallelStrategy {
 }  // namespace
 
 uint64_t fingerprint(const torch::Tensor& t, uint64_t h) {
-  if (!t.defined()) return h;
-  const torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
-  const auto* p = static_cast<const unsigned char*>(c.data_ptr());
-  const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ULL;
+  // An exact, order-independent hash computed where the tensor lives (no copy of a GPU model to the
+  // host): the bytes as 32-bit words, two position-weighted sums in int64 arithmetic, which wraps mod
+  // 2^64 the same way in any summation order. Chunked, so the int64 temporaries stay small.
+  auto mix = [](uint64_t a, uint64_t b) {
+    a ^= b + 0x9e3779b97f4a7c15ULL + (a << 6) + (a >> 2);
+    return a * 1099511628211ULL;
+  };
+  h = mix(h, t.defined() ? static_cast<uint64_t>(t.numel()) : ~0ULL);
+  if (!t.defined() || t.numel() == 0) return h;
+  torch::NoGradGuard no_grad;
+  torch::Tensor bytes = t.detach().contiguous().reshape({-1}).view(torch::kUInt8);
+  if (const int64_t pad = (4 - bytes.numel() % 4) % 4; pad > 0)
+    bytes = torch::cat({bytes, torch::zeros({pad}, bytes.options())});
+  const torch::Tensor words = bytes.view(torch::kInt);
+  const int64_t n = words.numel(), chunk = int64_t{1} << 22;
+  const auto opts = words.options().dtype(torch::kLong);
+  torch::Tensor s1 = torch::zeros({}, opts), s2 = torch::zeros({}, opts);
+  for (int64_t off = 0; off < n; off += chunk) {
+    const int64_t len = std::min(chunk, n - off);
+    const torch::Tensor w = words.narrow(0, off, len).to(torch::kLong);
+    const torch::Tensor pos = torch::arange(off, off + len, opts);
+    s1 += (w * (pos * int64_t{2654435761} % int64_t{2147483647} + 1)).sum();
+    s2 += (w * (pos * int64_t{40503} % int64_t{1000003} + 7)).sum();
   }
-  return h;
+  return mix(mix(h, static_cast<uint64_t>(s1.item<int64_t>())), static_cast<uint64_t>(s2.item<int64_t>()));
 }
 
 int64_t storage_bytes(const std::vector<torch::Tensor>& tensors) {

@@ -63,7 +63,7 @@ ExpectedModelState expected_model_state(const std::string& strategy, int64_t psi
 
 std::unique_ptr<ParallelStrategy> make_strategy(const std::string& name, Communicator* comm, double bucket_mb);
 
-// 64-bit FNV-1a over a tensor's bytes (contiguous CPU copy), for fingerprints.
+// A 64-bit hash of a tensor's exact bytes, computed on its device, chained onto `seed`; for fingerprints.
 uint64_t fingerprint(const torch::Tensor& t, uint64_t seed = 1469598103934665603ULL);
 
 // Sum of the distinct storages' allocated bytes behind the tensors (views of one buffer count once).

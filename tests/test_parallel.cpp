@@ -68,6 +68,22 @@ TEST(Parallel, ZeroFormulasPerRank) {
   EXPECT_EQ(suites::expected_model_state("zero2", 1000, 4, 8, 4).formula, "4Ψ + (4+8)Ψ/N");
 }
 
+TEST(Parallel, FingerprintSeesEveryBitAndPosition) {
+  // 5M floats: more than one chunk of the device-side hash.
+  const torch::Tensor a = torch::randn({5 * 1000 * 1000});
+  const torch::Tensor b = a.clone();
+  EXPECT_EQ(suites::fingerprint(a), suites::fingerprint(b));
+  b[4500000] = std::nextafter(b[4500000].item<float>(), 1e9f);  // one ulp, in the second chunk
+  EXPECT_NE(suites::fingerprint(a), suites::fingerprint(b));
+  const torch::Tensor swapped = a.clone();
+  swapped[0] = a[1];
+  swapped[1] = a[0];
+  EXPECT_NE(suites::fingerprint(a), suites::fingerprint(swapped));  // same values, other places
+  EXPECT_NE(suites::fingerprint(a.narrow(0, 0, 3)), suites::fingerprint(a.narrow(0, 0, 4)));
+  EXPECT_EQ(suites::fingerprint(torch::tensor({true, false, true})), suites::fingerprint(torch::tensor({true, false, true})));
+  EXPECT_NE(suites::fingerprint(torch::tensor({true, false, true})), suites::fingerprint(torch::tensor({true, true, true})));
+}
+
 TEST(Parallel, CrossRankVerdicts) {
   auto rank = [](std::vector<std::tuple<std::string, std::string, int, std::string>> rows) {
     json f = json::array();

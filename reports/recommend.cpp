@@ -284,6 +284,42 @@ json recommend(const json& report) {
                         {{"scaling_efficiency", p["scaling_efficiency"]}, {"step_time_vs_single_pct", p["step_time_vs_single_pct"]}},
                         {c["name"], p["reference"]}));
   }
+  // busbw against the GPUs' link, where the device is known (per-direction NVLink bandwidth from
+  // NVIDIA's datasheets; nccl-tests' busbw approaches it for large messages within one node).
+  struct Link {
+    const char* gpu;
+    double gbps;
+    const char* link;
+  };
+  static const Link kLinks[] = {{"H200", 450, "NVLink 4 (900 GB/s both ways)"},
+                                {"H100 80GB HBM3", 450, "NVLink 4 (900 GB/s both ways)"},
+                                {"H100 SXM", 450, "NVLink 4 (900 GB/s both ways)"},
+                                {"A100-SXM", 300, "NVLink 3 (600 GB/s both ways)"}};
+  const json gpus = env.value("gpus", json::array());
+  const std::string gpu = gpus.is_array() && !gpus.empty() && gpus[0].is_object() ? gpus[0].value("name", "") : "";
+  const Link* link = nullptr;
+  for (const auto& l : kLinks)
+    if (!gpu.empty() && gpu.find(l.gpu) != std::string::npos) link = &l;
+  for (const auto& c : report["cells"]) {
+    if (!link || c["status"] != "ok" || c.value("backend", "") != "nccl" || !c.contains("metrics") ||
+        !c["metrics"].contains("comm") || c["config"].value("world_size", 1) > static_cast<int64_t>(gpus.size()))
+      continue;
+    const json& comm = c["metrics"]["comm"];
+    if (!comm.contains("collectives") || !comm["collectives"].is_array()) continue;
+    const json* largest = nullptr;  // the largest all-reduce: the best chance at the link's rate
+    for (const auto& k : comm["collectives"])
+      if (k["op"] == "all-reduce" && (!largest || k["bytes"].get<double>() > (*largest)["bytes"].get<double>())) largest = &k;
+    if (!largest) continue;
+    const double busbw = (*largest)["busbw_gbps"], share = busbw / link->gbps;
+    out.push_back(rec("parallel.busbw-vs-link", share < 0.5 ? "warn" : "info",
+                      c["name"].get<std::string>() + ": all-reduce of " + format_bytes((*largest)["bytes"].get<double>()) +
+                          " reaches busbw " + format_fixed(busbw, 1) + " GB/s, " + format_fixed(100 * share, 0) + "% of " +
+                          gpu + "'s " + link->link + " per-direction " + format_fixed(link->gbps, 0) + " GB/s" +
+                          (share < 0.5 ? " (small messages are latency-bound; for large ones check NCCL's topology)" : ""),
+                      {{"busbw_gbps", busbw}, {"link_gbps", link->gbps}, {"bytes", (*largest)["bytes"]}, {"gpu", gpu}},
+                      {c["name"]}));
+  }
+
   // RNG streams: what each violation means and what fixes it.
   static const std::map<std::string, std::string> kFix = {
       {"initial-weights", "ranks start from different weights: broadcast rank 0's parameters before training"},

@@ -1,5 +1,6 @@
 // The report: atomic write and strict read, summary table, recommendations.
 #include <fstream>
+#include <map>
 
 #include <gtest/gtest.h>
 
@@ -152,4 +153,48 @@ TEST(Recommendations, CheckpointingTradeoffAndLeaveOff) {
                                       {ckpt_cell("none", 100e6, 0.10), ckpt_cell("full", 99e6, 0.12)});
   ASSERT_EQ(none_saved["recommendations"].size(), 1u);
   EXPECT_EQ(none_saved["recommendations"][0]["id"], "checkpoint.leave-off");
+}
+
+TEST(Recommendations, ParallelCellsAgainstOneProcessDdpAndTheLink) {
+  auto rank_cell = [](const std::string& strategy, int world, double p50, double state, double exposed) {
+    json c = cell("gpt-tiny", "32-true", p50, 1.0, 0.5);
+    c["config"]["parallel"] = strategy;
+    c["config"]["world_size"] = world;
+    c["name"] = "gpt-tiny/" + strategy + "/ws" + std::to_string(world);
+    c["backend"] = "nccl";
+    c["metrics"]["timing"]["samples_per_s"] = world * 64 / p50;
+    c["metrics"]["memory"]["model_state_total_bytes"] = state;
+    c["metrics"]["memory"]["expected_model_state_bytes"] = state;
+    c["metrics"]["comm"] = {{"collectives", json::array({{{"op", "all-reduce"}, {"bytes", 64 << 20}, {"count", 10},
+                                                          {"time_s", 0.01}, {"algbw_gbps", 6.7}, {"busbw_gbps", 360.0}}})},
+                            {"comm_time_s", 0.05}, {"exposed_comm_time_s", exposed * p50}, {"overlap", 0.2},
+                            {"exposed_fraction_of_step", exposed}};
+    return c;
+  };
+  json env = env_with_blas(false);
+  env["gpus"] = json::array({{{"name", "NVIDIA H200"}}, {{"name", "NVIDIA H200"}}});
+  json ddp = rank_cell("ddp", 2, 0.12, 1600e6, 0.40);
+  ddp["metrics"]["rng"] = {{"streams", json::array({{{"name", "augmentation"}, {"class", "should-differ"},
+                                                       {"verdict", "violated"}, {"first_violation_step", 10},
+                                                       {"ranks", {0, 1}}}})},
+                           {"violations", 1}};
+  const json report = make_report(env, json::object(),
+                                   {cell("gpt-tiny", "32-true", 0.10, 1.0, 0.5), ddp, rank_cell("zero2", 2, 0.13, 700e6, 0.1)});
+  const json& p = report["cells"][1]["parallel"];
+  EXPECT_NEAR(p["step_time_vs_single_pct"].get<double>(), 20.0, 1e-9);
+  EXPECT_NEAR(p["scaling_efficiency"].get<double>(), (128 / 0.12) / (2 * 64 / 0.10), 1e-12);
+  EXPECT_NEAR(report["cells"][2]["parallel"]["model_state_vs_ddp_pct"].get<double>(), 100.0 * (700.0 / 1600 - 1), 1e-9);
+  std::map<std::string, std::string> by_id;
+  for (const auto& r : report["recommendations"]) by_id[r["id"]] += r["text"].get<std::string>() + "\n";
+  EXPECT_NE(by_id["parallel.zero-memory"].find("zero2 cuts model-state memory per rank from 1.5 GiB to 667.6 MiB at 2 ranks"),
+            std::string::npos) << by_id["parallel.zero-memory"];
+  EXPECT_NE(by_id["parallel.exposed-comm"].find("exposed communication is 40% of the step at 2 ranks"), std::string::npos)
+      << by_id["parallel.exposed-comm"];
+  EXPECT_EQ(by_id["parallel.exposed-comm"].find("zero2"), std::string::npos);  // 10% is under the threshold
+  EXPECT_NE(by_id["parallel.scaling"].find("1.67x the throughput of one process"), std::string::npos) << by_id["parallel.scaling"];
+  EXPECT_NE(by_id["parallel.busbw-vs-link"].find("busbw 360.0 GB/s, 80% of NVIDIA H200's NVLink 4"), std::string::npos)
+      << by_id["parallel.busbw-vs-link"];
+  EXPECT_NE(by_id["rng.augmentation"].find("violated from step 10 on ranks 0, 1: the augmentation stream is identical on "
+                                           "all ranks: seed it per rank"),
+            std::string::npos) << by_id["rng.augmentation"];
 }

@@ -1,6 +1,12 @@
 #pragma once
 // The one place where LibTorch 1.13 (Debian, CPU) and LibTorch 2.x (CUDA wheels) differ for us.
 // Everything else in the code base calls these names only.
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
 #include <ATen/autocast_mode.h>
 #include <c10/core/Allocator.h>
 #include <torch/version.h>
@@ -98,20 +104,20 @@ class AutocastGuard {
 namespace trainscope::compat {
 
 // c10d: in 1.13 ProcessGroupGloo/NCCL are themselves c10d::ProcessGroups; in 2.x they are Backends
-// that a dispatching ProcessGroup wraps (its constructor lost the Options argument in 2.6). A template,
-// so that only the file that includes the c10d headers instantiates it.
+// that a dispatching ProcessGroup wraps (whose constructor later lost its Options argument: chosen by
+// a trait). A template, so that only the file that includes the c10d headers instantiates it.
 template <typename ProcessGroup, typename Backend, typename Store>
 c10::intrusive_ptr<ProcessGroup> as_process_group(const c10::intrusive_ptr<Backend>& backend,
                                                   const c10::intrusive_ptr<Store>& store, int rank, int size,
                                                   bool nccl) {
 #if TRAINSCOPE_TORCH_AT_LEAST(2, 0)
   const auto type = nccl ? ProcessGroup::BackendType::NCCL : ProcessGroup::BackendType::GLOO;
-#if TRAINSCOPE_TORCH_AT_LEAST(2, 6)
-  auto pg = c10::make_intrusive<ProcessGroup>(store, rank, size);
-#else
-  auto pg = c10::make_intrusive<ProcessGroup>(
-      store, rank, size, c10::make_intrusive<typename ProcessGroup::Options>(nccl ? "nccl" : "gloo"));
-#endif
+  c10::intrusive_ptr<ProcessGroup> pg;
+  if constexpr (std::is_constructible_v<ProcessGroup, c10::intrusive_ptr<Store>, int, int>)
+    pg = c10::make_intrusive<ProcessGroup>(store, rank, size);
+  else
+    pg = c10::make_intrusive<ProcessGroup>(
+        store, rank, size, c10::make_intrusive<typename ProcessGroup::Options>(nccl ? "nccl" : "gloo"));
   pg->setBackend(nccl ? c10::DeviceType::CUDA : c10::DeviceType::CPU, type, backend);
   pg->setDefaultBackend(type);
   return pg;
@@ -119,6 +125,41 @@ c10::intrusive_ptr<ProcessGroup> as_process_group(const c10::intrusive_ptr<Backe
   (void)store, (void)rank, (void)size, (void)nccl;
   return backend;
 #endif
+}
+
+}  // namespace trainscope::compat
+
+namespace trainscope::compat {
+
+// c10d::Reducer's constructor: 1.13 takes per-bucket size limits after the bucket indices; later
+// versions dropped them and, later still, added flags (skip_all_reduce_unused_params,
+// use_python_reducer, then a per-bucket cap list and batched_grad_copy). Chosen by a trait on the
+// constructor rather than by version number. A template, so that only its user includes reducer.hpp.
+template <typename Reducer, typename ProcessGroupPtr>
+std::unique_ptr<Reducer> make_reducer(std::vector<at::Tensor> params, std::vector<std::vector<size_t>> indices,
+                                      std::vector<size_t> limits, ProcessGroupPtr pg, std::vector<bool> sparse,
+                                      int64_t cap, bool find_unused, bool as_view,
+                                      std::unordered_map<size_t, std::string> names, int64_t first_cap) {
+  using P = std::vector<at::Tensor>;
+  using I = std::vector<std::vector<size_t>>;
+  using S = std::vector<bool>;
+  using N = std::unordered_map<size_t, std::string>;
+  if constexpr (std::is_constructible_v<Reducer, P, I, std::vector<size_t>, ProcessGroupPtr, S, int64_t, bool, bool, N,
+                                        int64_t>) {
+    return std::make_unique<Reducer>(std::move(params), std::move(indices), std::move(limits), std::move(pg),
+                                     std::move(sparse), cap, find_unused, as_view, std::move(names), first_cap);
+  } else if constexpr (std::is_constructible_v<Reducer, P, I, ProcessGroupPtr, S, int64_t, bool, bool, N, int64_t>) {
+    return std::make_unique<Reducer>(std::move(params), std::move(indices), std::move(pg), std::move(sparse), cap,
+                                     find_unused, as_view, std::move(names), first_cap);
+  } else if constexpr (std::is_constructible_v<Reducer, P, I, ProcessGroupPtr, S, int64_t, bool, bool, N, int64_t,
+                                               bool, bool>) {
+    return std::make_unique<Reducer>(std::move(params), std::move(indices), std::move(pg), std::move(sparse), cap,
+                                     find_unused, as_view, std::move(names), first_cap, false, false);
+  } else {
+    return std::make_unique<Reducer>(std::move(params), std::move(indices), std::move(pg), std::move(sparse), cap,
+                                     find_unused, as_view, std::move(names), first_cap, false, false,
+                                     std::vector<int64_t>{}, false);
+  }
 }
 
 }  // namespace trainscope::compat

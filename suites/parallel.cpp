@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
+#include "core/compat.hpp"
 #include "core/errors.hpp"
 
 namespace trainscope::suites {
@@ -152,10 +153,9 @@ class Ddp : public ParallelStrategy {
     std::reverse(indices.begin(), indices.end());
     std::reverse(limits.begin(), limits.end());
     buckets_ = static_cast<int64_t>(indices.size());
-    reducer_ = std::make_unique<c10d::Reducer>(params_, indices, limits, comm_->process_group(),
-                                               std::vector<bool>(params_.size(), false), bucket_bytes_,
-                                               /*find_unused_parameters=*/false, /*gradient_as_bucket_view=*/true,
-                                               std::unordered_map<size_t, std::string>{}, first);
+    reducer_ = compat::make_reducer<c10d::Reducer>(params_, indices, limits, comm_->process_group(),
+                                                   std::vector<bool>(params_.size(), false), bucket_bytes_,
+                                                   /*find_unused=*/false, /*as_view=*/true, {}, first);
     auto hook = std::make_unique<TimedAllReduce>();
     hook->pg = comm_->process_group();
     hook->world = comm_->world_size();

@@ -218,8 +218,10 @@ torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
   }
   strategy_->before_backward();
   objective.backward();
-  strategy_->reduce_gradients();
+  // fp16 emulation: masters back and gradients rounded to fp16 before they are reduced across ranks,
+  // as fp16 gradients would be (zero2 frees the full gradients once reduced).
   if (weight_rounding_) weight_rounding_->restore();
+  strategy_->reduce_gradients();
   hooks.backward_end(si);
 
   if (scaler_) {

@@ -219,6 +219,75 @@ parallel = "ddp"
   EXPECT_DOUBLE_EQ(ddp, single_state);
 }
 
+// The strategies with the other techniques: autocast, fp16 emulation with the loss scaler, bf16
+// weights, checkpoint policies, global-norm clipping, a CNN's BatchNorm blocks.
+TEST(Parallel, StrategiesComposeWithPrecisionAndCheckpointing) {
+  const std::string suite = write("compose.toml", R"(
+name = "compose"
+[base]
+warmup_steps = 1
+steps = 5
+eval = false
+overflow_every = 2
+world_size = 2
+batch_size = 8
+parallel = "ddp"
+[axes]
+model = ["gpt-tiny"]
+[[cells]]
+name = "ddp/bf16-mixed/gpt"
+model = "gpt-tiny"
+precision = "bf16-mixed"
+[[cells]]
+name = "zero2/16-mixed/mlp"
+parallel = "zero2"
+model = "mlp-tiny"
+precision = "16-mixed"
+[[cells]]
+name = "zero3/bf16-true/selective/gpt"
+parallel = "zero3"
+model = "gpt-tiny"
+precision = "bf16-true"
+checkpoint = "selective"
+[[cells]]
+name = "zero1/clip/sgd/cnn"
+parallel = "zero1"
+model = "cnn-tiny"
+data = "synthetic-images"
+grad_clip = 0.5
+optimizer = "sgd"
+[[cells]]
+name = "zero3/every2/cnn"
+parallel = "zero3"
+model = "cnn-tiny"
+data = "synthetic-images"
+checkpoint = "every:2"
+[[cells]]
+name = "ddp/bf16-true"
+model = "mlp-tiny"
+precision = "bf16-true"
+)");
+  const std::string out = tmp("compose");
+  std::system(("rm -rf " + out).c_str());
+  const Result r = ts("run --suite " + suite + " --nproc 2 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json report = read_json(out + "/report.json");
+  for (const std::string name : {"ddp/bf16-mixed/gpt", "zero2/16-mixed/mlp", "zero3/bf16-true/selective/gpt",
+                                 "zero1/clip/sgd/cnn", "zero3/every2/cnn"}) {
+    const json c = cell_named(report, name);
+    ASSERT_EQ(c["status"], "ok") << name << ": " << c.value("reason", "");
+    EXPECT_TRUE(std::isfinite(c["metrics"]["quality"]["final_loss"].get<double>())) << name;
+    const json& m = c["metrics"]["memory"];
+    EXPECT_NEAR(m["model_state_total_bytes"].get<double>() / m["expected_model_state_bytes"].get<double>(), 1.0, 0.02)
+        << name;
+    EXPECT_EQ(c["metrics"]["rng"]["violations"], 0) << name;
+  }
+  EXPECT_EQ(cell_named(report, "zero2/16-mixed/mlp")["emulated"], true);
+  const json bf16_ddp = cell_named(report, "ddp/bf16-true");
+  EXPECT_EQ(bf16_ddp["status"], "skipped");
+  EXPECT_NE(bf16_ddp["reason"].get<std::string>().find("no bf16 all-reduce"), std::string::npos);
+}
+
 TEST(Parallel, RngProbeCatchesEachInjectedFaultAndNothingElse) {
   const std::string suite = write("rng.toml", R"(
 name = "rng"

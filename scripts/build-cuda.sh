@@ -37,3 +37,8 @@ echo "build-cuda: built in $(( $(date +%s) - start )) s"
 "$BUILD/trainscope" env | head -c 4000
 echo
 "$BUILD/trainscope" run --suite quick --device cuda --out "${OUT_DIR:-results/cuda-quick}" "$@"
+# With two GPUs or more, the parallel suite over NCCL (one local rank per GPU).
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ "${gpus:-0}" -ge 2 ]; then
+  "$BUILD/trainscope" run --suite parallel --device cuda --nproc "$gpus" --out "${OUT_DIR:-results/cuda}-parallel"
+fi

@@ -13,6 +13,8 @@
 #if defined(TRAINSCOPE_TORCH_CUDA) && defined(USE_C10D_NCCL)
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #define TRAINSCOPE_HAVE_NCCL 1
+#elif defined(TRAINSCOPE_TORCH_CUDA)
+#warning "CUDA LibTorch without USE_C10D_NCCL on the compile line: multi-rank GPU cells will say this build has no NCCL"
 #endif
 
 namespace trainscope::suites {

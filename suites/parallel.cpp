@@ -152,7 +152,6 @@ class Ddp : public ParallelStrategy {
         params_, {first, static_cast<size_t>(std::max<int64_t>(bucket_bytes_, 1))}, std::vector<bool>(params_.size(), false));
     std::reverse(indices.begin(), indices.end());
     std::reverse(limits.begin(), limits.end());
-    buckets_ = static_cast<int64_t>(indices.size());
     reducer_ = compat::make_reducer<c10d::Reducer>(params_, indices, limits, comm_->process_group(),
                                                    std::vector<bool>(params_.size(), false), bucket_bytes_,
                                                    /*find_unused=*/false, /*as_view=*/true, {}, first);
@@ -198,11 +197,8 @@ class Ddp : public ParallelStrategy {
       comm_->report(c);
     }
   }
-  int64_t buckets() const { return buckets_; }
-
  private:
   int64_t bucket_bytes_;
-  int64_t buckets_ = 0;
   std::vector<torch::Tensor> params_;
   std::unique_ptr<c10d::Reducer> reducer_;
   std::shared_ptr<std::mutex> mu_;

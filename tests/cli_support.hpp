@@ -70,4 +70,27 @@ inline int processes_mentioning(const std::string& needle) {
 }
 
 
+// `trainscope run` on a suite given as TOML text, into a fresh scratch folder `name`; the report is
+// null when none was written.
+struct SuiteRun {
+  Result result;
+  std::string out;
+  json report;
+};
+inline SuiteRun run_suite_text(const std::string& name, const std::string& toml, const std::string& args = "") {
+  const std::string suite = write(name + ".toml", toml);
+  const std::string out = tmp(name);
+  sh("rm -rf " + out);
+  SuiteRun r{ts("run --suite " + suite + " --out " + out + " " + args), out, nullptr};
+  std::ifstream in(out + "/report.json");
+  if (in) r.report = json::parse(in);
+  return r;
+}
+
+// Validates a report against the JSON Schema with Debian's python3-jsonschema.
+inline Result validate_report(const std::string& report_path) {
+  return sh("/usr/bin/python3 " + source_dir() + "/tests/validate_report.py " + source_dir() +
+            "/reports/schema/report.schema.json " + report_path);
+}
+
 }  // namespace trainscope::test

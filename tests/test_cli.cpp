@@ -170,8 +170,7 @@ TEST(Cli, PrecisionStressCellsShowScalerAndDivergenceInTheReport) {
   for (const auto& rec : report["recommendations"]) ids.insert(rec["id"].get<std::string>());
   EXPECT_TRUE(ids.count("precision.fp16-loss-scaling")) << report["recommendations"].dump(1);
   EXPECT_TRUE(ids.count("precision.fp16-noscale-diverged")) << report["recommendations"].dump(1);
-  const Result valid = sh("/usr/bin/python3 " + source_dir() + "/tests/validate_report.py " + source_dir() +
-                          "/reports/schema/report.schema.json " + out + "/report.json");
+  const Result valid = validate_report(out + "/report.json");
   EXPECT_EQ(valid.code, 0) << valid.out;
 }
 

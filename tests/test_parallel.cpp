@@ -151,7 +151,7 @@ TEST(Parallel, LaunchVariables) {
 
 // K steps of every strategy on 2 ranks against one process on the concatenated global batch.
 TEST(Parallel, StrategiesEqualOneProcessOnTheGlobalBatch) {
-  const std::string suite = write("equal.toml", R"(
+  const SuiteRun run = run_suite_text("equal", R"(
 name = "equal"
 [base]
 model = "gpt-tiny"
@@ -174,12 +174,11 @@ batch_size = 8
 name = "ws3"
 world_size = 3
 parallel = "ddp"
-)");
-  const std::string out = tmp("equal");
-  std::system(("rm -rf " + out).c_str());
-  const Result r = ts("run --suite " + suite + " --nproc 2 --out " + out);
+)", "--nproc 2");
+  const Result& r = run.result;
+  const std::string& out = run.out;
   ASSERT_EQ(r.code, 0) << r.out;
-  const json report = read_json(out + "/report.json");
+  const json& report = run.report;
   const json ws3 = cell_named(report, "ws3");
   EXPECT_EQ(ws3["status"], "skipped");
   EXPECT_NE(ws3["reason"].get<std::string>().find("--nproc 3"), std::string::npos);
@@ -222,7 +221,7 @@ parallel = "ddp"
 // The strategies with the other techniques: autocast, fp16 emulation with the loss scaler, bf16
 // weights, checkpoint policies, global-norm clipping, a CNN's BatchNorm blocks.
 TEST(Parallel, StrategiesComposeWithPrecisionAndCheckpointing) {
-  const std::string suite = write("compose.toml", R"(
+  const SuiteRun run = run_suite_text("compose", R"(
 name = "compose"
 [base]
 warmup_steps = 1
@@ -266,12 +265,10 @@ checkpoint = "every:2"
 name = "ddp/bf16-true"
 model = "mlp-tiny"
 precision = "bf16-true"
-)");
-  const std::string out = tmp("compose");
-  std::system(("rm -rf " + out).c_str());
-  const Result r = ts("run --suite " + suite + " --nproc 2 --out " + out);
+)", "--nproc 2");
+  const Result& r = run.result;
   ASSERT_EQ(r.code, 0) << r.out;
-  const json report = read_json(out + "/report.json");
+  const json& report = run.report;
   for (const std::string name : {"ddp/bf16-mixed/gpt", "zero2/16-mixed/mlp", "zero3/bf16-true/selective/gpt",
                                  "zero1/clip/sgd/cnn", "zero3/every2/cnn"}) {
     const json c = cell_named(report, name);
@@ -289,7 +286,7 @@ precision = "bf16-true"
 }
 
 TEST(Parallel, RngProbeCatchesEachInjectedFaultAndNothingElse) {
-  const std::string suite = write("rng.toml", R"(
+  const SuiteRun run = run_suite_text("rng", R"(
 name = "rng"
 [base]
 warmup_steps = 1
@@ -308,14 +305,12 @@ dropout = 0.1
 [when.model.mlp-tiny]
 batch_size = 16
 augment = true
-)");
-  const std::string out = tmp("rng");
-  std::system(("rm -rf " + out).c_str());
-  const Result r = ts("run --suite " + suite + " --nproc 2 --out " + out);
+)", "--nproc 2");
+  const Result& r = run.result;
+  const std::string& out = run.out;
   ASSERT_EQ(r.code, 0) << r.out;
-  const json report = read_json(out + "/report.json");
-  const std::string schema = source_dir() + "/reports/schema/report.schema.json";
-  const Result valid = sh("/usr/bin/python3 " + source_dir() + "/tests/validate_report.py " + schema + " " + out + "/report.json");
+  const json& report = run.report;
+  const Result valid = validate_report(out + "/report.json");
   EXPECT_EQ(valid.code, 0) << valid.out;  // comm, rng and ranks as the schema says
   for (const std::string model : {"gpt-tiny", "mlp-tiny"}) {
     const json clean = cell_named(report, model + "/inject=none");
@@ -346,7 +341,7 @@ augment = true
 }
 
 TEST(Parallel, DeadOrHungRankFailsTheCellAndLeavesNoProcess) {
-  const std::string suite = write("death.toml", R"(
+  const SuiteRun run = run_suite_text("death", R"(
 name = "death"
 [base]
 model = "mlp-tiny"
@@ -363,12 +358,11 @@ collective_timeout_s = 5
 timeout_s = 120
 [axes]
 inject = ["crash", "hang", "none"]
-)");
-  const std::string out = tmp("death");
-  std::system(("rm -rf " + out).c_str());
-  const Result r = ts("run --suite " + suite + " --nproc 2 --out " + out);
+)", "--nproc 2");
+  const Result& r = run.result;
+  const std::string& out = run.out;
   EXPECT_EQ(r.code, 1) << r.out;  // a failed cell, the report written
-  const json report = read_json(out + "/report.json");
+  const json& report = run.report;
   const json crash = cell_named(report, "inject=crash");
   EXPECT_EQ(crash["status"], "failed");
   EXPECT_NE(crash["reason"].get<std::string>().find("rank 1 killed by signal 11 (SIGSEGV)"), std::string::npos)
@@ -403,12 +397,13 @@ world_size = 1
 parallel = "single"
 )");
   const std::string out = tmp("torchrun");
-  std::system(("rm -rf " + out).c_str());
+  sh("rm -rf " + out);
   const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(runners::free_local_port()) +
                           " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 ";
   const std::string cmd = bin() + " run --suite " + suite + " --out " + out;
-  const Result r = sh("(RANK=1 LOCAL_RANK=1 " + env + cmd + " > " + out + ".rank1.txt 2>&1 &) ; RANK=0 LOCAL_RANK=0 " +
-                      env + cmd + "; sleep 1; cat " + out + ".rank1.txt");
+  // Both ranks' exit codes count; rank 1's output is printed after rank 0's.
+  const Result r = sh("RANK=1 LOCAL_RANK=1 " + env + cmd + " > " + out + ".rank1.txt 2>&1 & pid=$!; RANK=0 LOCAL_RANK=0 " +
+                      env + cmd + "; rc=$?; wait $pid; rc1=$?; cat " + out + ".rank1.txt; exit $((rc + rc1))");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("torchrun: rank 1 of 2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("rank 1: done; rank 0 writes the report"), std::string::npos) << r.out;

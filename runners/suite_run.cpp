@@ -302,7 +302,8 @@ int run_suite(const RunOptions& o) {
     const std::string device = suites::resolve_device(c.config.device);
     const json config = c.config.to_json();
     const std::string stem = out + "/cells/" + file_stem(c.name);
-    std::printf("[%zu/%zu] %s on %s ... ", i + 1, cells.size(), c.name.c_str(), device.c_str());
+    const std::string ranks = c.config.world_size > 1 ? " x " + std::to_string(c.config.world_size) + " ranks" : "";
+    std::printf("[%zu/%zu] %s on %s%s ... ", i + 1, cells.size(), c.name.c_str(), device.c_str(), ranks.c_str());
     std::fflush(stdout);
 
     json cell;

@@ -41,6 +41,7 @@ const std::vector<KeySpec>& config_keys() {
       {"world_size", KeyKind::Int, {}, 1, "number of ranks (batch_size is per rank)", 1},
       {"backend", KeyKind::Choice, {"auto", "gloo", "nccl"}, "auto", "collectives: auto = NCCL on CUDA, Gloo on CPU"},
       {"bucket_mb", KeyKind::Float, {}, 25.0, "ddp: gradient bucket size in MiB", 0},
+      {"prefetch", KeyKind::Bool, {}, true, "zero3: all-gather the next block's parameters while the current one computes"},
       {"collective_timeout_s", KeyKind::Float, {}, 60.0,
        "a rank waiting this long in a collective or rendezvous gives up (a peer died or hangs)", 1},
       {"augment", KeyKind::Bool, {}, false, "random horizontal flips of images, drawn per rank"},
@@ -189,6 +190,7 @@ static void for_each_field(Config& c, Visit&& v) {
   v("world_size", c.world_size);
   v("backend", c.backend);
   v("bucket_mb", c.bucket_mb);
+  v("prefetch", c.prefetch);
   v("collective_timeout_s", c.collective_timeout_s);
   v("augment", c.augment);
   v("rng_every", c.rng_every);

@@ -41,6 +41,7 @@ struct RunConfig {
   int64_t world_size = 1;  // ranks; batch_size is per rank, the global batch is world_size x batch_size
   std::string backend = "auto";
   double bucket_mb = 25.0;
+  bool prefetch = true;
   double collective_timeout_s = 60.0;
   bool augment = false;
   int64_t rng_every = 10;

@@ -265,7 +265,9 @@ json recommend(const json& report) {
       const std::string remedy = strategy == "ddp"
                                      ? "larger buckets (bucket_mb) cut per-bucket latency; more overlap needs the last buckets to be small"
                                  : strategy == "zero3"
-                                     ? "prefetch the next block's all-gather during the current block, or fewer, larger units"
+                                     ? (cfg.value("prefetch", true)
+                                            ? "prefetch is on: fewer, larger units (whole stages) or a faster link"
+                                            : "turn prefetch on, so the next block's all-gather runs during this one")
                                      : "overlap the gradient reduction with backward (bucketed, as DDP does)";
       out.push_back(rec("parallel.exposed-comm", "warn",
                         model + "/" + strategy + ": exposed communication is " + format_fixed(100 * f, 0) +

@@ -112,24 +112,59 @@ void Communicator::all_reduce_max(torch::Tensor& t) {
 }
 
 void Communicator::all_gather(torch::Tensor& full, const torch::Tensor& shard) {
+  // Launched and waited for at once: all of it is exposed.
+  all_gather_async(full, shard)->wait();
+}
+
+std::shared_ptr<PendingCollective> Communicator::all_gather_async(torch::Tensor& full, const torch::Tensor& shard) {
   const int64_t n = shard.numel();
   TORCH_CHECK(full.numel() == n * world_, "all_gather: full buffer must hold world_size shards");
-  timed("all-gather", full.numel() * static_cast<int64_t>(full.element_size()), [&] {
-    if (backend_ == "nccl") {
-      wait(pg_->_allgather_base(full, const_cast<torch::Tensor&>(shard)));
-      return;
-    }
+  auto p = std::make_shared<PendingCollective>();
+  p->comm_ = this;
+  p->op_ = "all-gather";
+  p->bytes_ = full.numel() * static_cast<int64_t>(full.element_size());
+  p->step_ = step_;
+  p->launched_ = now_s();
+  if (backend_ == "nccl") {
+    p->works_.push_back(pg_->_allgather_base(full, const_cast<torch::Tensor&>(shard)));
+  } else {
     full.narrow(0, rank_ * n, n).copy_(shard);
     for (int r = 0; r < world_; ++r) {
       torch::Tensor part = full.narrow(0, r * n, n);
       torch::Tensor buf = part.scalar_type() == torch::kBFloat16 ? part.to(torch::kFloat) : part;
+      if (!buf.is_same(part)) p->copies_.emplace_back(buf, part);
       std::vector<torch::Tensor> v{buf};
       c10d::BroadcastOptions o;
       o.rootRank = r;
-      wait(pg_->broadcast(v, o));
-      if (!buf.is_same(part)) part.copy_(buf);
+      p->works_.push_back(pg_->broadcast(v, o));
     }
-  });
+  }
+  // Completion time: the last of its works to finish (callbacks run on the backend's threads).
+  for (const auto& w : p->works_) {
+    auto finished = p->finished_;
+    w->getFuture()->addCallback([finished](c10::ivalue::Future&) {
+      const double t = now_s();
+      double prev = finished->load();
+      while (t > prev && !finished->compare_exchange_weak(prev, t)) {
+      }
+    });
+  }
+  p->launch_s_ = now_s() - p->launched_;
+  return p;
+}
+
+void PendingCollective::wait() {
+  if (waited_) return;
+  waited_ = true;
+  const double t0 = now_s();
+  for (const auto& w : works_) comm_->wait(w);
+  for (auto& [staging, dest] : copies_) dest.copy_(staging);
+  const double t1 = now_s();
+  // Launch to completion: the last work's callback, or t1 (when the host saw it) if none ran.
+  const double done = finished_->load();
+  const double exposed = launch_s_ + (t1 - t0);  // launching and waiting held the caller up
+  const double seconds = std::max((done > launched_ ? std::min(done, t1) : t1) - launched_, exposed);
+  comm_->report(CollectiveInfo{op_, bytes_, comm_->world_size(), seconds, exposed, step_});
 }
 
 void Communicator::reduce_scatter(torch::Tensor& shard, const torch::Tensor& full, bool average) {

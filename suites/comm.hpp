@@ -6,6 +6,7 @@
 // slow for large buffers (../notes): on Gloo, reduce-scatter is an all-reduce + slice and all-gather is
 // one broadcast per rank into the flat buffer. NCCL uses its native collectives. implementation() says
 // which, and the report carries it.
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -25,6 +26,26 @@ struct Rendezvous {
   int port = 0;
   std::string prefix;
   int rank = 0, world_size = 1;
+};
+
+class Communicator;
+
+// A collective in flight (zero3's prefetch). wait() blocks until it is done and reports it: its time
+// from launch to completion, and the part the caller spent blocked as the exposed part.
+class PendingCollective {
+ public:
+  void wait();
+
+ private:
+  friend class Communicator;
+  Communicator* comm_ = nullptr;
+  std::string op_;
+  int64_t bytes_ = 0, step_ = -1;
+  double launched_ = 0, launch_s_ = 0;  // when, and how long the caller spent launching it
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies_;  // (fp32 staging, destination) for bf16 on Gloo
+  std::shared_ptr<std::atomic<double>> finished_ = std::make_shared<std::atomic<double>>(0.0);
+  bool waited_ = false;
 };
 
 class Communicator {
@@ -53,6 +74,8 @@ class Communicator {
   void all_reduce_max(torch::Tensor& t);
   // full (world x shard elements, flat) <- every rank's shard, in rank order.
   void all_gather(torch::Tensor& full, const torch::Tensor& shard);
+  // The same, returning at once; `full` is complete after wait().
+  std::shared_ptr<PendingCollective> all_gather_async(torch::Tensor& full, const torch::Tensor& shard);
   // shard <- this rank's slice of the sum (or mean) over ranks of full (scratch: Gloo reduces in it).
   void reduce_scatter(torch::Tensor& shard, const torch::Tensor& full, bool average);
   void broadcast(std::vector<torch::Tensor> tensors, int root);
@@ -63,6 +86,7 @@ class Communicator {
   std::string store_get(const std::string& key);
 
  private:
+  friend class PendingCollective;
   void wait(const c10::intrusive_ptr<c10d::Work>& w);
   void timed(const std::string& op, int64_t bytes, const std::function<void()>& body, bool record = true);
 

@@ -262,10 +262,25 @@ struct Unit : torch::CustomClassHolder {
   torch::Tensor shard;  // this rank's slice: a leaf the optimizer owns (its own memory)
   Communicator* comm = nullptr;
 
+  std::shared_ptr<PendingCollective> pending;  // a prefetch in flight
+
+  // Full parameters resident: the prefetch's, when one was launched, else gathered now.
   void gather() {
+    if (pending) {
+      pending->wait();
+      pending.reset();
+      return;
+    }
     allocate_storage(fp.flat);
     torch::NoGradGuard no_grad;
     comm->all_gather(fp.flat, shard.detach());
+  }
+  // Starts gathering while the caller goes on computing (FSDP's forward and backward prefetch).
+  void prefetch() {
+    if (pending || fp.flat.storage().nbytes() > 0) return;
+    allocate_storage(fp.flat);
+    torch::NoGradGuard no_grad;
+    pending = comm->all_gather_async(fp.flat, shard.detach());
   }
   void release() { release_storage(fp.flat); }
   // The block's parameter gradients -> this rank's slice of their mean over ranks.
@@ -291,6 +306,7 @@ struct Unit : torch::CustomClassHolder {
 
 struct Zero3Call : torch::CustomClassHolder {
   c10::intrusive_ptr<Unit> unit;
+  c10::intrusive_ptr<Unit> next_forward, next_backward;  // prefetched while this block computes (or null)
   BlockFn body;
   torch::Tensor input, output;  // the block's own graph, kept from forward to backward
 };
@@ -303,6 +319,7 @@ struct Zero3BlockFunction : public torch::autograd::Function<Zero3BlockFunction>
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& shard, c10::intrusive_ptr<Zero3Call> call) {
     call->unit->gather();
+    if (call->next_forward) call->next_forward->prefetch();
     call->input = x.detach().requires_grad_(x.requires_grad());
     {
       torch::AutoGradMode grad_on(true);
@@ -318,6 +335,7 @@ struct Zero3BlockFunction : public torch::autograd::Function<Zero3BlockFunction>
     auto call = c10::static_intrusive_pointer_cast<Zero3Call>(ctx->saved_data["call"].toCapsule());
     Unit& unit = *call->unit;
     unit.gather();
+    if (call->next_backward) call->next_backward->prefetch();
     std::vector<torch::Tensor> wrt = unit.fp.params;
     const bool input_grad = call->input.requires_grad();
     if (input_grad) wrt.push_back(call->input);
@@ -334,7 +352,7 @@ struct Zero3BlockFunction : public torch::autograd::Function<Zero3BlockFunction>
 
 class Zero3 : public ParallelStrategy {
  public:
-  explicit Zero3(Communicator* comm) : ParallelStrategy(comm) {}
+  Zero3(Communicator* comm, bool prefetch) : ParallelStrategy(comm), prefetch_(prefetch) {}
 
   std::vector<torch::Tensor> setup(ReferenceModel& model, bool broadcast) override {
     model_ = &model;
@@ -368,7 +386,12 @@ class Zero3 : public ParallelStrategy {
     broadcast_buffers(*comm_, model);
     model.set_block_wrapper([this](int64_t index, const BlockFn& body, const torch::Tensor& x) {
       auto call = c10::make_intrusive<Zero3Call>();
-      call->unit = units_.at(static_cast<size_t>(index));
+      const size_t i = static_cast<size_t>(index);
+      call->unit = units_.at(i);
+      if (prefetch_) {
+        if (i + 1 < units_.size()) call->next_forward = units_[i + 1];
+        if (i > 0) call->next_backward = units_[i - 1];
+      }
       call->body = body;
       return Zero3BlockFunction::apply(x, call->unit->shard, call);
     });
@@ -427,6 +450,7 @@ class Zero3 : public ParallelStrategy {
     out.push_back(root_.get());
     return out;
   }
+  bool prefetch_;
   std::vector<c10::intrusive_ptr<Unit>> units_;
   c10::intrusive_ptr<Unit> root_;
 };
@@ -542,13 +566,14 @@ ExpectedModelState expected_model_state(const std::string& strategy, int64_t psi
   return e;
 }
 
-std::unique_ptr<ParallelStrategy> make_strategy(const std::string& name, Communicator* comm, double bucket_mb) {
+std::unique_ptr<ParallelStrategy> make_strategy(const std::string& name, Communicator* comm, double bucket_mb,
+                                                bool prefetch) {
   if (name == "single") return std::make_unique<Single>();
   if (!comm) throw UsageError("parallel strategy '" + name + "' needs a process group");
   if (name == "ddp") return std::make_unique<Ddp>(comm, bucket_mb);
   if (name == "zero1") return std::make_unique<Zero12>(comm, 1);
   if (name == "zero2") return std::make_unique<Zero12>(comm, 2);
-  if (name == "zero3") return std::make_unique<Zero3>(comm);
+  if (name == "zero3") return std::make_unique<Zero3>(comm, prefetch);
   throw UsageError("unknown parallel strategy '" + name + "'");
 }
 

@@ -6,8 +6,9 @@
 //          parameters, the slices are all-gathered.
 //   zero2  gradients sharded too: reduce-scattered after backward, the full gradient buffer is freed.
 //   zero3  FSDP-style: parameters flattened per block and sharded; a block's full parameters are
-//          all-gathered just before its forward and again before its backward, freed after each, and
-//          its gradients reduce-scattered as soon as its backward is done. Parameters outside blocks
+//          all-gathered for its forward and again for its backward, freed after each, and its
+//          gradients reduce-scattered as soon as its backward is done. With `prefetch` the next block's
+//          gather runs while the current block computes (FSDP's forward and backward prefetch). Parameters outside blocks
 //          (embeddings, head, stem) form a root unit gathered for the whole step.
 // Every strategy averages gradients over ranks, so K steps on N ranks equal K steps of one process on
 // the concatenated global batch (BatchNorm statistics aside: they stay per rank, as in DDP).
@@ -61,7 +62,9 @@ struct ExpectedModelState {
 };
 ExpectedModelState expected_model_state(const std::string& strategy, int64_t psi, int64_t P, int64_t K, int64_t N);
 
-std::unique_ptr<ParallelStrategy> make_strategy(const std::string& name, Communicator* comm, double bucket_mb);
+// prefetch (zero3): all-gather the next block's parameters while the current block computes.
+std::unique_ptr<ParallelStrategy> make_strategy(const std::string& name, Communicator* comm, double bucket_mb,
+                                                bool prefetch = true);
 
 // A 64-bit hash of a tensor's exact bytes, computed on its device, chained onto `seed`; for fingerprints.
 uint64_t fingerprint(const torch::Tensor& t, uint64_t seed = 1469598103934665603ULL);

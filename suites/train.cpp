@@ -82,7 +82,7 @@ Trainer::Trainer(const RunConfig& config, const std::string& device, Communicato
   policy.check = config.checkpoint_check;
   model_->set_checkpoint(policy);
   model_->set_boundary([this](const std::string& block, torch::Tensor x) { return boundary(block, std::move(x)); });
-  strategy_ = make_strategy(comm ? config.parallel : "single", comm, config.bucket_mb);
+  strategy_ = make_strategy(comm ? config.parallel : "single", comm, config.bucket_mb, config.prefetch);
   opt_params_ = strategy_->setup(*model_, !skip_broadcast);
   if (mode_.emulated) weight_rounding_ = std::make_unique<Fp16WeightRounding>(model_->parameters());
   if (mode_.scaler) {

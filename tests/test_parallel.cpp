@@ -171,6 +171,10 @@ name = "single"
 world_size = 1
 batch_size = 8
 [[cells]]
+name = "zero3-no-prefetch"
+parallel = "zero3"
+prefetch = false
+[[cells]]
 name = "ws3"
 world_size = 3
 parallel = "ddp"
@@ -203,6 +207,12 @@ parallel = "ddp"
     }
   }
   std::printf("largest |parameter - one process| over the strategies: %.3g\n", worst);
+  // zero3's prefetch changes when parameters arrive, never what they are; without it every gather is
+  // waited for at once, so none of the communication overlaps.
+  const auto prefetched = load_params(out + "/cells/zero3_ckpt-none.rank0.params.pt");
+  const auto waited = load_params(out + "/cells/zero3-no-prefetch.rank0.params.pt");
+  for (size_t i = 0; i < prefetched.size(); ++i) EXPECT_TRUE(torch::equal(prefetched[i], waited[i])) << i;
+  EXPECT_LT(cell_named(report, "zero3-no-prefetch")["metrics"]["comm"]["overlap"].get<double>(), 0.01);
 
   // Memory per rank: measured beside the ZeRO formulas, and zero3 near half of ddp at 2 ranks.
   auto state = [&](const std::string& name) { return cell_named(report, name)["metrics"]["memory"]; };

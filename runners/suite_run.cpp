@@ -317,7 +317,15 @@ int run_suite(const RunOptions& o) {
       note = " (from the previous run)";
     } else if (c.config.world_size > 1) {
       const std::string prefix = "trainscope/" + restart + "/cell" + std::to_string(i) + "/";
-      cell = run_ranks(c.name, config, device, stem, c.config.timeout_s, launch, store, prefix);
+      try {
+        cell = run_ranks(c.name, config, device, stem, c.config.timeout_s, launch, store, prefix);
+      } catch (const std::exception& e) {
+        // The rendezvous itself failed (a port taken, rank 0 unreachable): this cell says so, the
+        // report keeps it and the suite goes on.
+        const std::string what = e.what();
+        cell = cell_without_metrics(c.name, config, device, "failed", what.substr(0, what.find('\n')));
+        if (writer) reports::write_json_atomic(stem + ".json", cell);
+      }
       ran_s += cell.value("wall_s", 0.0);
       ++ran;
     } else {

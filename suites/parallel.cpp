@@ -209,6 +209,7 @@ class Ddp : public ParallelStrategy {
 class Zero12 : public ParallelStrategy {
  public:
   Zero12(Communicator* comm, int stage) : ParallelStrategy(comm), stage_(stage) {}
+  bool sliced_gradients() const override { return true; }
 
   std::vector<torch::Tensor> setup(ReferenceModel& model, bool broadcast) override {
     model_ = &model;
@@ -353,6 +354,7 @@ struct Zero3BlockFunction : public torch::autograd::Function<Zero3BlockFunction>
 class Zero3 : public ParallelStrategy {
  public:
   Zero3(Communicator* comm, bool prefetch) : ParallelStrategy(comm), prefetch_(prefetch) {}
+  bool sliced_gradients() const override { return true; }
 
   std::vector<torch::Tensor> setup(ReferenceModel& model, bool broadcast) override {
     model_ = &model;
@@ -432,7 +434,7 @@ class Zero3 : public ParallelStrategy {
     ModelStateBytes m = ParallelStrategy::model_state(opt, words);
     // The gathered buffers are released at rest; what the rank holds is its shards and their gradients.
     std::vector<torch::Tensor> shards, grads;
-    for (auto* u : const_cast<Zero3*>(this)->all_units()) {
+    for (auto* u : all_units()) {
       shards.push_back(u->shard);
       shards.push_back(u->fp.flat);
       grads.push_back(u->shard.grad());
@@ -444,7 +446,7 @@ class Zero3 : public ParallelStrategy {
   }
 
  private:
-  std::vector<Unit*> all_units() {
+  std::vector<Unit*> all_units() const {
     std::vector<Unit*> out;
     for (auto& u : units_) out.push_back(u.get());
     out.push_back(root_.get());
@@ -531,12 +533,10 @@ void ParallelStrategy::clip_grad_norm(const std::vector<torch::Tensor>& opt_para
     return;
   }
   torch::NoGradGuard no_grad;
-  // ddp: every rank holds the whole (averaged) gradient; zero: each holds a disjoint slice.
-  const bool sharded = dynamic_cast<Ddp*>(this) == nullptr;
   torch::Tensor sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat));
   for (const auto& p : opt_params)
     if (p.grad().defined()) sq += p.grad().to(torch::kFloat).pow(2).sum().cpu();
-  if (sharded) comm_->all_reduce(sq, /*average=*/false);
+  if (sliced_gradients()) comm_->all_reduce(sq, /*average=*/false);
   const double norm = std::sqrt(sq.item<double>());
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1)

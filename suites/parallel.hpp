@@ -49,6 +49,9 @@ class ParallelStrategy {
 
  protected:
   explicit ParallelStrategy(Communicator* comm) : comm_(comm) {}
+  // Whether each rank's optimizer sees only a slice of the gradients (zero), so that a global norm
+  // needs the ranks' sums; ddp's ranks all hold the whole averaged gradient.
+  virtual bool sliced_gradients() const { return false; }
   Communicator* comm_;  // null for single
   ReferenceModel* model_ = nullptr;
 };

@@ -1,8 +1,10 @@
 // Distributed training on 2 local ranks over Gloo: every strategy equals one process on the global
 // batch, ranks end identical, zero3's per-rank memory shrinks, the RNG probe catches each injected
 // fault and stays quiet otherwise, a dead or hung rank fails the cell and leaves nothing behind, and
-// torchrun's variables form a group. Plus the pieces: busbw factors, ZeRO formulas, launch detection,
-// cross-rank verdicts.
+// torchrun's variables form a group, a taken rendezvous port fails only its cell. Plus the pieces:
+// busbw factors, ZeRO formulas, launch detection, cross-rank verdicts.
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -430,4 +432,38 @@ parallel = "single"
   const json alone = cell_named(report, "alone");
   EXPECT_EQ(alone["status"], "skipped");  // the launch has 2 ranks
   EXPECT_NE(alone["reason"].get<std::string>().find("torchrun launch has 2 ranks"), std::string::npos);
+}
+
+// A rendezvous that cannot be served (the port is taken) fails the cell, not the run: the report
+// keeps the cell with the reason.
+TEST(Parallel, ATakenRendezvousPortFailsTheCellAndKeepsTheReport) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string suite = write("busy.toml", R"(
+name = "busy"
+[base]
+model = "mlp-tiny"
+batch_size = 16
+steps = 2
+warmup_steps = 1
+eval = false
+world_size = 2
+parallel = "ddp"
+)");
+  const std::string out = tmp("busy");
+  sh("rm -rf " + out);
+  const Result r = sh("RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(ntohs(a.sin_port)) + " " +
+                      bin() + " run --suite " + suite + " --out " + out);
+  close(fd);
+  EXPECT_EQ(r.code, 1) << r.out;
+  const json cell = cell_named(read_json(out + "/report.json"), "busy");
+  EXPECT_EQ(cell["status"], "failed");
+  EXPECT_NE(cell["reason"].get<std::string>().find("cannot serve the rendezvous store"), std::string::npos)
+      << cell["reason"];
 }

@@ -2,6 +2,8 @@
 BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
+# The virtual environment with the pinned torch wheel (scripts/install-deps.sh makes it).
+TORCH_VENV := $(shell scripts/torch-venv.sh)
 
 .PHONY: run test deps build clean
 
@@ -15,7 +17,7 @@ deps:
 	scripts/install-deps.sh
 
 build: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DTRAINSCOPE_TORCH_VENV=$(TORCH_VENV) $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j$(JOBS)
 
 clean:

@@ -34,8 +34,12 @@ const std::vector<KeySpec>& config_keys() {
       {"data", KeyKind::Choice, {"auto", "fashion-mnist", "synthetic-images", "synthetic-tokens"},
        "auto", "data source; auto: Fashion-MNIST for MLP/CNN, synthetic tokens for GPT"},
       {"precision", KeyKind::Choice,
-       {"32-true", "tf32", "bf16-mixed", "16-mixed", "16-mixed-noscale", "bf16-true"}, "32-true",
-       "numeric precision (Lightning's names; 16-mixed is emulated on CPU)"},
+       {"32-true", "tf32", "bf16-mixed", "16-mixed", "16-mixed-noscale", "bf16-true", "64-true"}, "32-true",
+       "numeric precision (Lightning's names; 16-mixed is emulated on CPU unless fp16 = autocast; 64-true: fp64 "
+       "reference)"},
+      {"fp16", KeyKind::Choice, {"auto", "emulated", "autocast"}, "auto",
+       "16-mixed on CPU: emulated (fp16 rounding at block boundaries, fp32 speed) or autocast (real fp16 kernels, "
+       "~100x slower without AVX512-FP16); auto: emulated on CPU, real on CUDA"},
       {"parallel", KeyKind::Choice, {"single", "ddp", "zero1", "zero2", "zero3"}, "single",
        "parallel strategy: single process, DDP (c10d reducer), ZeRO-1/2/3 (3 = FSDP-style full sharding)"},
       {"world_size", KeyKind::Int, {}, 1, "number of ranks (batch_size is per rank)", 1},
@@ -75,6 +79,9 @@ const std::vector<KeySpec>& config_keys() {
       {"device", KeyKind::String, {}, "auto", "auto, cpu, cuda or cuda:<index>"},
       {"threads", KeyKind::Int, {}, 0, "intra-op CPU threads; 0: one per core", 0},
       {"timeout_s", KeyKind::Float, {}, 600.0, "wall-clock limit of the cell's process", 0},
+      {"time_budget_s", KeyKind::Float, {}, 0.0,
+       "stop measuring after this many seconds of training (the cell records it; its numerics are compared at "
+       "the steps it ran); 0: off", 0},
       {"log_every", KeyKind::Int, {}, 0, "loss-curve sampling interval; 0: about 50 points", 0},
       {"eval", KeyKind::Bool, {}, true, "evaluate test accuracy after training (classifiers)"},
       {"inject", KeyKind::Choice,
@@ -186,6 +193,7 @@ static void for_each_field(Config& c, Visit&& v) {
   v("model", c.model);
   v("data", c.data);
   v("precision", c.precision);
+  v("fp16", c.fp16);
   v("parallel", c.parallel);
   v("world_size", c.world_size);
   v("backend", c.backend);
@@ -218,6 +226,7 @@ static void for_each_field(Config& c, Visit&& v) {
   v("device", c.device);
   v("threads", c.threads);
   v("timeout_s", c.timeout_s);
+  v("time_budget_s", c.time_budget_s);
   v("log_every", c.log_every);
   v("eval", c.eval);
   v("inject", c.inject);

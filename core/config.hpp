@@ -37,6 +37,7 @@ struct RunConfig {
   std::string model = "mlp";
   std::string data = "auto";  // auto: the model's natural data (see suites/data.hpp)
   std::string precision = "32-true";
+  std::string fp16 = "auto";  // 16-mixed on CPU: emulated | autocast (auto: emulated on CPU)
   std::string parallel = "single";
   int64_t world_size = 1;  // ranks; batch_size is per rank, the global batch is world_size x batch_size
   std::string backend = "auto";
@@ -67,6 +68,7 @@ struct RunConfig {
   std::string device = "auto";
   int64_t threads = 0;  // 0: one per core
   double timeout_s = 600;
+  double time_budget_s = 0;  // 0: run every step; else stop the measured steps after this much training
   int64_t log_every = 0;  // 0: about 50 points on the loss curve
   bool eval = true;
   std::string inject = "none";  // fault injection: process faults and RNG faults (see config_keys())

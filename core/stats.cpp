@@ -37,4 +37,13 @@ json to_json(const Summary& s) {
               {"stdev", s.stdev}, {"min", s.min}, {"max", s.max}, {"count", s.count}};
 }
 
+double final_loss_of(const std::vector<double>& step_losses, int64_t steps) {
+  steps = std::min<int64_t>(steps, static_cast<int64_t>(step_losses.size()));
+  const int64_t from = std::max<int64_t>(0, steps - 10);
+  if (steps <= from) return std::nan("");
+  double sum = 0;
+  for (int64_t i = from; i < steps; ++i) sum += step_losses[static_cast<size_t>(i)];
+  return sum / static_cast<double>(steps - from);
+}
+
 }  // namespace trainscope

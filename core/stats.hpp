@@ -17,4 +17,8 @@ struct Summary {
 Summary summarize(std::vector<double> values);
 json to_json(const Summary& s);  // {"p50","p90","p99","mean","stdev","min","max","count"}
 
+// The final loss of a run that stopped after `steps` steps: the mean of the losses of its last (up
+// to) 10 steps. NaN when there is none or one of them is not finite.
+double final_loss_of(const std::vector<double>& step_losses, int64_t steps);
+
 }  // namespace trainscope

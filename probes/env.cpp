@@ -71,6 +71,15 @@ std::string compiler() {
 #endif
 }
 
+// The vector ISA ATen's CPU kernels dispatch to (AVX512, AVX2, DEFAULT; ATEN_CPU_CAPABILITY lowers it).
+std::string cpu_capability() {
+  const std::string config = at::show_config();
+  const std::string key = "CPU capability usage: ";
+  const auto at = config.find(key);
+  if (at == std::string::npos) return "unknown";
+  return config.substr(at + key.size(), config.find('\n', at) - at - key.size());
+}
+
 }  // namespace
 
 BlasInfo blas_in_use() {
@@ -98,6 +107,18 @@ BlasInfo blas_in_use() {
     }
     if (b.name != "unknown") break;
   }
+  if (b.name == "unknown") {
+    // The PyPI wheels link MKL statically into libtorch_cpu: nothing to see in the maps, the build
+    // configuration says which.
+    const std::string config = at::show_config();
+    const auto at = config.find("BLAS_INFO=");
+    if (at != std::string::npos) {
+      const std::string info = config.substr(at + 10, config.find_first_of(", \n", at + 10) - at - 10);
+      if (info == "mkl") b.name = "MKL (linked into LibTorch)";
+      else if (info == "open") b.name = "OpenBLAS (linked into LibTorch)";
+      else if (!info.empty()) b.name = info + " (linked into LibTorch)";
+    }
+  }
   return b;
 }
 
@@ -116,6 +137,7 @@ json collect_env() {
                   {"cuda_available", torch::cuda::is_available()},
                   {"cuda_device_count", torch::cuda::device_count()},
                   {"intra_op_threads", at::get_num_threads()},
+                  {"cpu_capability", cpu_capability()},
                   {"build_config", at::show_config()}};
   json j;
   j["host"] = host;

@@ -6,7 +6,6 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <torch/torch.h>
 
-#include "core/compat.hpp"
 
 #ifdef TRAINSCOPE_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -40,7 +39,7 @@ void counted_delete(void* data) {
 
 class CountingCpuAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t n) TRAINSCOPE_ALLOCATE_CONST override {
+  c10::DataPtr allocate(size_t n) override {
     const int64_t budget = g_budget.load(std::memory_order_relaxed);
     if (budget > 0) {
       const int64_t live = g_current.load(std::memory_order_relaxed);
@@ -55,7 +54,9 @@ class CountingCpuAllocator final : public c10::Allocator {
     return {data, data, &counted_delete, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &counted_delete; }
-  TRAINSCOPE_ALLOCATOR_COPY_DATA
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
 };
 
 CountingCpuAllocator g_allocator;

@@ -71,13 +71,14 @@ std::unique_ptr<StepClock> make_step_clock(const std::string& device) {
 std::string compute_dtype(const std::string& precision) {
   if (precision == "bf16-mixed") return "bf16";
   if (precision == "tf32") return "tf32";
+  if (precision == "64-true") return "fp64";
   return "fp32";
 }
 
 double measure_gemm_peak(const std::string& device, const std::string& dtype, int repeats) {
   const bool cuda = device.rfind("cuda", 0) == 0;
   const int64_t n = cuda ? 8192 : 1024;
-  const auto scalar = dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
+  const auto scalar = dtype == "bf16" ? torch::kBFloat16 : dtype == "fp64" ? torch::kDouble : torch::kFloat;
   auto& ctx = at::globalContext();
   const bool tf32_before = ctx.allowTF32CuBLAS();
   ctx.setAllowTF32CuBLAS(dtype == "tf32");

@@ -54,14 +54,21 @@ json recommend(const json& report) {
     if (!base || (*base)["status"] != "ok") continue;
     const double t16 = number_at(c, {"metrics", "timing", "step_time_s", "p50"});
     const double t32 = number_at(*base, {"metrics", "timing", "step_time_s", "p50"});
-    const double l16 = number_at(c, {"metrics", "quality", "final_loss"});
-    const double l32 = number_at(*base, {"metrics", "quality", "final_loss"});
+    double l16 = number_at(c, {"metrics", "quality", "final_loss"});
+    double l32 = number_at(*base, {"metrics", "quality", "final_loss"});
     const double a16 = number_at(c, {"metrics", "quality", "accuracy"});
     const double a32 = number_at(*base, {"metrics", "quality", "accuracy"});
+    // A time budget stopped one of the two early: losses at the steps both ran (numerics), and no
+    // accuracy comparison (one was trained for fewer steps).
+    const bool budgeted = c.contains("numerics") && c["numerics"].contains("compared_at_step");
+    if (budgeted) {
+      l16 = number_at(c, {"numerics", "final_loss"});
+      l32 = number_at(c, {"numerics", "reference_final_loss"});
+    }
     if (!(t16 > 0 && t32 > 0 && std::isfinite(l16) && std::isfinite(l32))) continue;
     const double speedup = t32 / t16;
     const double loss_diff = std::fabs(l16 - l32) / std::max(1e-12, std::fabs(l32));
-    const bool acc_known = std::isfinite(a16) && std::isfinite(a32);
+    const bool acc_known = !budgeted && std::isfinite(a16) && std::isfinite(a32);
     const bool matches = loss_diff <= kMatchFinalLoss || (acc_known && std::fabs(a16 - a32) <= kAccuracyTolerance);
     const std::string model = c["config"].value("model", "?");
     json evidence{{"step_time_p50_s", {{"32-true", t32}, {"bf16-mixed", t16}}},
@@ -72,6 +79,11 @@ json recommend(const json& report) {
     if (acc_known) evidence["accuracy"] = {{"32-true", a32}, {"bf16-mixed", a16}};
     const json cells = {base->at("name"), c["name"]};
     std::string quality = "final loss " + format_fixed(100 * loss_diff, 1) + "% from fp32";
+    if (budgeted) {
+      quality += " at step " + std::to_string(c["numerics"]["compared_at_step"].get<int64_t>()) +
+                 ", where the time budget stopped one of them";
+      evidence["compared_at_step"] = c["numerics"]["compared_at_step"];
+    }
     if (acc_known)
       quality += ", accuracy " + format_fixed(100 * a16, 1) + "% vs " + format_fixed(100 * a32, 1) + "%";
     if (speedup >= kFaster && matches)

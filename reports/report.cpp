@@ -12,6 +12,7 @@
 
 #include "core/build_info.hpp"
 #include "core/errors.hpp"
+#include "core/stats.hpp"
 #include "core/units.hpp"
 
 namespace trainscope::reports {
@@ -41,7 +42,24 @@ json compare_numerics(const json& cell, const json& fp32) {
     n["max_curve_rel_dev"] = nullptr;
     return n;
   }
-  const double final_rel = std::fabs(l - l32) / std::max(1e-12, std::fabs(l32));
+  // A cell that a time budget stopped early is compared at the steps it ran: the reference's loss
+  // over the same last 10 steps, and the curves where both have a point.
+  double lc = l, lr = l32;
+  const int64_t k = cell.value("steps_run", int64_t{0}), k32 = fp32.value("steps_run", int64_t{0});
+  if (k > 0 && k32 > 0 && k != k32 && q.contains("step_losses") && q32.contains("step_losses")) {
+    auto losses = [](const json& a) {
+      std::vector<double> v;
+      for (const auto& x : a) v.push_back(x.is_number() ? x.get<double>() : std::nan(""));
+      return v;
+    };
+    const int64_t common = std::min(k, k32);
+    lc = final_loss_of(losses(q["step_losses"]), common);
+    lr = final_loss_of(losses(q32["step_losses"]), common);
+    n["compared_at_step"] = common;
+  }
+  n["final_loss"] = lc;
+  n["reference_final_loss"] = lr;
+  const double final_rel = std::fabs(lc - lr) / std::max(1e-12, std::fabs(lr));
   // The curves log the same steps (same config but precision); compare where both have a value.
   std::map<int64_t, double> ref;
   for (const auto& p : q32.value("loss_curve", json::array()))

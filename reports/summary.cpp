@@ -89,6 +89,12 @@ std::string render_summary(const json& report) {
           << ", step time "
           << format_signed_pct(c["checkpointing"]["recompute_overhead_pct"].get<double>(), 1) << " against "
           << c["checkpointing"]["reference"].get<std::string>() << "\n";
+  // Cells that a time budget stopped early: fewer steps, so their accuracy is not comparable.
+  for (const auto& c : report["cells"])
+    if (c.contains("time_budget") && c["time_budget"].value("stopped_early", false))
+      out << "  " << c["name"].get<std::string>() << ": the " << format_fixed(c["time_budget"]["budget_s"].get<double>(), 0)
+          << " s time budget stopped it after " << c["time_budget"]["steps_run"].get<int64_t>() << " of "
+          << c["time_budget"]["steps_planned"].get<int64_t>() << " steps; its numerics are compared at that step\n";
   bool parallel_head = false;
   for (const auto& c : report["cells"]) {
     if (!c.contains("parallel")) continue;

@@ -76,7 +76,7 @@ void limit_device_memory(const std::string& device, int64_t budget) {
 json quality_section(const suites::TrainOutcome& o) {
   json curve = json::array();
   for (const auto& [step, loss] : o.loss_curve) curve.push_back({step, loss});
-  json q{{"final_loss", o.final_loss}, {"loss_curve", curve}};
+  json q{{"final_loss", o.final_loss}, {"loss_curve", curve}, {"step_losses", o.step_losses}};
   q["accuracy"] = o.accuracy ? json(*o.accuracy) : json(nullptr);
   q["first_nonfinite_step"] = o.first_nonfinite_step ? json(*o.first_nonfinite_step) : json(nullptr);
   return q;
@@ -193,6 +193,11 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
                      {"tokens_per_sample", info.tokens_per_sample}};
     cell["data"] = suites::resolve_data(config.data, suites::model_preset(config.model));
     cell["steps_run"] = outcome.steps_run;
+    if (config.time_budget_s > 0)
+      cell["time_budget"] = {{"budget_s", config.time_budget_s},
+                             {"steps_planned", config.warmup_steps + config.steps},
+                             {"steps_run", outcome.steps_run},
+                             {"stopped_early", outcome.budget_stopped}};
     if (comm) {
       cell["rank"] = rk.rank;
       cell["world_size"] = rk.world;

@@ -1,11 +1,14 @@
 #include "runners/launch.hpp"
 
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -33,7 +36,39 @@ std::string value_or(const std::map<std::string, std::string>& env, const std::s
   return it == env.end() || it->second.empty() ? dflt : it->second;
 }
 
+// A listening socket on 127.0.0.1:port (0: any free port) for the store's server: c10d's TCPStore
+// would listen on every interface, and it has no authentication, so a local run must not.
+int loopback_listener(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error("cannot open a socket");
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd, SOMAXCONN) != 0) {
+    const std::string why = std::strerror(errno);
+    close(fd);
+    throw std::runtime_error("cannot listen on 127.0.0.1:" + std::to_string(port) + ": " + why);
+  }
+  return fd;
+}
+
+int bound_port(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) throw std::runtime_error("getsockname failed");
+  return ntohs(a.sin_port);
+}
+
 }  // namespace
+
+bool is_loopback(const std::string& host) {
+  if (host == "localhost") return true;
+  in_addr a{};
+  return inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
 
 std::string Launch::describe() const {
   return source + ": rank " + std::to_string(rank) + " of " + std::to_string(world_size) + " (local rank " +
@@ -131,6 +166,13 @@ void RendezvousStore::open() {
   o.waitWorkers = false;
   o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s_ * 1000));
   try {
+    // Ranks that meet on this machine meet on loopback, and the server listens there only; a
+    // multi-node launch's rank 0 listens where the launcher's MASTER_ADDR says peers will come.
+    if (o.isServer && is_loopback(launch_.master_addr)) {
+      o.masterListenFd = loopback_listener(launch_.master_port);
+      launch_.master_port = bound_port(*o.masterListenFd);
+      o.port = static_cast<std::uint16_t>(launch_.master_port);
+    }
     auto s = c10::make_intrusive<c10d::TCPStore>(launch_.master_addr, o);
     if (launch_.master_port == 0) launch_.master_port = s->getPort();
     store_ = s.get();

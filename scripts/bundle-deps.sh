@@ -3,11 +3,11 @@
 # packages, for a GPU node that has no network: download and unpack, no install, no root needed.
 #
 #   scripts/bundle-deps.sh [DEPS_DIR]      # default ./deps; then copy it to the GPU node
-#   DEPS_DIR=/path/to/deps scripts/build-cuda.sh
+#   DEPS_DIR=/path/to/deps scripts/gpu-check.sh
 set -euo pipefail
 
 deps_dir=$(realpath -m "${1:-${DEPS_DIR:-deps}}")
-packages=(nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libtomlplusplus3 zlib1g-dev zlib1g
+packages=(nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libtomlplusplus3 zlib1g-dev zlib1g libgloo-dev
           dataset-fashion-mnist)
 
 mkdir -p "$deps_dir/debs"

@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages trainscope needs, only those missing. Idempotent; runs as root or
-# through sudo. The CUDA toolkit is optional and never installed here.
+# Sets up a Debian 12 machine for trainscope, installing only what is missing (idempotent):
+#   1. Debian packages (as root or through passwordless sudo);
+#   2. LibTorch: the pinned `torch` wheel from PyPI (a CUDA build that also runs without a GPU) in a
+#      virtual environment kept outside the checkout, so that every clone on the machine shares it.
+# The environment's folder is printed on the last line (`Makefile` and CMake find it the same way):
+#   $TRAINSCOPE_TORCH_VENV, else ${XDG_CACHE_HOME:-~/.cache}/trainscope/torch-<pin>.
+# TRAINSCOPE_SKIP_TORCH=1 skips step 2 (for a user who points Torch_DIR at a LibTorch of their own).
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
 
 packages=(
   build-essential cmake git pkg-config
-  libtorch-dev libgloo-dev        # LibTorch 1.13 (CPU) with c10d + Gloo headers
-  libopenblas0-openmp             # fp32 GEMM ~30x faster than the reference BLAS torch finds otherwise
+  python3 python3-venv            # the virtual environment that holds the torch wheel
+  libgloo-dev                     # Gloo's headers: c10d's ProcessGroupGloo.hpp includes them, the wheel has none
   nlohmann-json3-dev libcli11-dev libtomlplusplus-dev zlib1g-dev
   libgtest-dev libbenchmark-dev
   dataset-fashion-mnist           # real data, read offline from /usr/share/datasets/fashion-mnist
   python3-jsonschema              # the schema test validates real reports with it
+  openmpi-bin                     # `mpirun -np 2 trainscope run ...` is tested for real
+  iproute2                        # `ss`: the test of what a local run listens on
 )
 
 missing=()
@@ -18,27 +26,39 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
-fi
-
-if [ "$(id -u)" -eq 0 ]; then
-  sudo=()
-elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-  sudo=(sudo)
+  echo "install-deps: all ${#packages[@]} Debian packages present"
 else
-  echo "install-deps: missing packages: ${missing[*]}" >&2
-  echo "install-deps: run as root or with passwordless sudo, or install them yourself: apt-get install ${missing[*]}" >&2
-  exit 1
+  if [ "$(id -u)" -eq 0 ]; then
+    sudo=()
+  elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+    sudo=(sudo)
+  else
+    echo "install-deps: missing packages: ${missing[*]}" >&2
+    echo "install-deps: run as root or with passwordless sudo, or install them yourself: apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update -qq
+  "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-"${sudo[@]}" apt-get update -qq
-"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-# libopenblas0-openmp registers itself as libblas.so.3; make sure it wins over the reference BLAS.
-blas=$(ls /usr/lib/*/openblas-openmp/libblas.so.3 2>/dev/null | head -n1 || true)
-if [ -n "$blas" ]; then
-  "${sudo[@]}" update-alternatives --set "libblas.so.3-$(dpkg-architecture -qDEB_HOST_MULTIARCH)" "$blas" >/dev/null || true
+[ "${TRAINSCOPE_SKIP_TORCH:-0}" = 1 ] && exit 0
+
+pin=$(cat "$here/torch.pin")
+venv=$("$here/torch-venv.sh")
+# The marker is written last: an interrupted download is redone, a finished one never.
+if [ -f "$venv/.trainscope-ok" ]; then
+  echo "install-deps: torch $pin present in $venv"
+else
+  echo "install-deps: installing torch $pin from PyPI into $venv (about 4 GB downloaded, 4.6 GB on disk)"
+  start=$(date +%s)
+  rm -rf "$venv"
+  mkdir -p "$(dirname "$venv")"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir "torch==$pin" numpy
+  "$venv/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '$pin', torch.__version__"
+  touch "$venv/.trainscope-ok"
+  echo "install-deps: torch $pin installed in $(( $(date +%s) - start )) s ($(du -sh "$venv" | cut -f1))"
 fi
-echo "install-deps: done"
+echo "$venv"

@@ -2,10 +2,11 @@
 // The ranks' communicator: a c10d process group (Gloo on CPU, NCCL on CUDA) behind the few collectives
 // the parallel strategies need, each timed and reported to the hooks (the communication probe).
 //
-// Gloo in LibTorch 1.13 has no reduce-scatter and no flat all-gather, and its own all-gather is very
-// slow for large buffers (../notes): on Gloo, reduce-scatter is an all-reduce + slice and all-gather is
-// one broadcast per rank into the flat buffer. NCCL uses its native collectives. implementation() says
-// which, and the report carries it.
+// All-gather and reduce-scatter are flat (one buffer of world x shard elements). NCCL runs them
+// natively. Gloo has both in LibTorch 2.x (`_allgather_base`, `_reduce_scatter_base`), and each can
+// also be emulated with the collectives Gloo has always had (one broadcast per rank; all-reduce +
+// slice); which one runs is a setting, defaulted to the faster on this machine's measurement
+// (trainscope_collectives --implementation both), and implementation() names it in the report.
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -43,7 +44,6 @@ class PendingCollective {
   int64_t bytes_ = 0, step_ = -1;
   double launched_ = 0, launch_s_ = 0;  // when, and how long the caller spent launching it
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies_;  // (fp32 staging, destination) for bf16 on Gloo
   std::shared_ptr<std::atomic<double>> finished_ = std::make_shared<std::atomic<double>>(0.0);
   bool waited_ = false;
 };
@@ -58,6 +58,9 @@ class Communicator {
   int world_size() const { return world_; }
   const std::string& backend() const { return backend_; }
   std::string implementation() const;
+  // Native (`_allgather_base` / `_reduce_scatter_base`) or emulated flat collectives on Gloo.
+  void set_native_flat_collectives(bool native) { native_flat_ = native || backend_ == "nccl"; }
+  bool native_flat_collectives() const { return native_flat_; }
   c10::intrusive_ptr<c10d::ProcessGroup> process_group() const { return pg_; }
 
   // Every collective is reported here with its duration (the communication probe listens).
@@ -97,6 +100,7 @@ class Communicator {
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   std::function<void(const CollectiveInfo&)> observer_;
   int64_t step_ = -1;
+  bool native_flat_ = true;
 };
 
 }  // namespace trainscope::suites

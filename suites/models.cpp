@@ -48,8 +48,9 @@ double ReferenceModel::recompute_flops_per_sample() const {
 
 torch::Tensor ReferenceModel::loss(const Batch& b) {
   torch::Tensor logits = forward(b.input);
-  // Losses in fp32 whatever the compute precision (as autocast does for cross_entropy).
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+  // Losses in fp32 at least, whatever the compute precision (as autocast does for cross_entropy).
+  const auto dtype = at::promote_types(logits.scalar_type(), torch::kFloat);
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(dtype),
                                                b.target.reshape({-1}));
 }
 

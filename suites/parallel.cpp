@@ -148,11 +148,10 @@ class Ddp : public ParallelStrategy {
     // PyTorch's DDP: a small first bucket (1 MiB, or bucket_mb if smaller) so that communication
     // starts early, then bucket_mb; buckets in reverse parameter order, the order gradients arrive.
     const size_t first = std::min<size_t>(1024 * 1024, static_cast<size_t>(std::max<int64_t>(bucket_bytes_, 1)));
-    auto [indices, limits] = c10d::compute_bucket_assignment_by_size(
-        params_, {first, static_cast<size_t>(std::max<int64_t>(bucket_bytes_, 1))}, std::vector<bool>(params_.size(), false));
+    auto indices = std::get<0>(c10d::compute_bucket_assignment_by_size(
+        params_, {first, static_cast<size_t>(std::max<int64_t>(bucket_bytes_, 1))}, std::vector<bool>(params_.size(), false)));
     std::reverse(indices.begin(), indices.end());
-    std::reverse(limits.begin(), limits.end());
-    reducer_ = compat::make_reducer<c10d::Reducer>(params_, indices, limits, comm_->process_group(),
+    reducer_ = compat::make_reducer<c10d::Reducer>(params_, indices, comm_->process_group(),
                                                    std::vector<bool>(params_.size(), false), bucket_bytes_,
                                                    /*find_unused=*/false, /*as_view=*/true, {}, first);
     auto hook = std::make_unique<TimedAllReduce>();

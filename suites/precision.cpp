@@ -2,25 +2,28 @@
 
 #include <cmath>
 
-#include "core/compat.hpp"
 #include "core/errors.hpp"
 
 namespace trainscope::suites {
 
-PrecisionMode precision_mode(const std::string& precision, const std::string& device) {
+PrecisionMode precision_mode(const std::string& precision, const std::string& device, const std::string& fp16) {
   const bool cuda = device.rfind("cuda", 0) == 0;
   PrecisionMode m;
   m.name = precision;
   if (precision == "32-true" || precision == "tf32") return m;
-  if (precision == "bf16-mixed") {
+  if (precision == "64-true") {
+    m.param_dtype = at::kDouble;
+  } else if (precision == "bf16-mixed") {
     m.autocast = true;
     m.autocast_dtype = at::kBFloat16;
   } else if (precision == "16-mixed" || precision == "16-mixed-noscale") {
     m.fp16 = true;
     m.scaler = precision == "16-mixed";
-    // CPU: 1.13 has no fp16 autocast or fp16 kernels, so compute in fp32 and round through fp16.
-    m.emulated = !cuda;
-    m.autocast = cuda;
+    // CPU fp16 GEMMs without AVX512-FP16 run ~100x slower than fp32, so by default the CPU computes
+    // in fp32 and rounds through fp16 where fp16 autocast would hold fp16 values; `fp16 = autocast`
+    // runs the real kernels (the emulation is tested against them).
+    m.emulated = !cuda && fp16 != "autocast";
+    m.autocast = !m.emulated;
     m.autocast_dtype = at::kHalf;
   } else if (precision == "bf16-true") {
     m.param_dtype = at::kBFloat16;
@@ -70,7 +73,6 @@ GradScaler::GradScaler(ScalerOptions o, torch::Device device) : o_(o) {
   scale_ = torch::full({1}, o.init_scale, f32);
   tracker_ = torch::zeros({1}, torch::TensorOptions().dtype(torch::kInt).device(device));
   found_inf_ = torch::zeros({1}, f32);
-  fused_ = compat::amp_kernels_on(device.type());
 }
 
 bool GradScaler::unscale(const std::vector<torch::Tensor>& params) {
@@ -80,36 +82,16 @@ bool GradScaler::unscale(const std::vector<torch::Tensor>& params) {
   std::vector<torch::Tensor> grads;
   for (const auto& p : params)
     if (p.grad().defined()) grads.push_back(p.grad());
-  if (fused_) {
-    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, inv_scale);
-  } else {
-    // The same arithmetic as the fused kernel: multiply by the fp32 reciprocal, flag any inf/NaN.
-    for (auto& g : grads) {
-      g.mul_(inv_scale);
-      found_inf_.copy_(torch::maximum(found_inf_, torch::logical_not(torch::isfinite(g)).any().to(torch::kFloat)));
-    }
-  }
+  // PyTorch's own kernels (CPU and CUDA): multiply by the fp32 reciprocal, flag any inf/NaN.
+  at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, inv_scale);
   if (reduce_found_inf) reduce_found_inf(found_inf_);
   return found_inf_.item<float>() > 0;
 }
 
 void GradScaler::update(bool found_inf) {
-  if (fused_) {
-    found_inf_.fill_(found_inf ? 1.0 : 0.0);
-    at::_amp_update_scale_(scale_, tracker_, found_inf_, o_.growth_factor, o_.backoff_factor,
-                           static_cast<int64_t>(o_.growth_interval));
-    return;
-  }
-  if (found_inf) {
-    scale_.mul_(o_.backoff_factor);
-    tracker_.zero_();
-    return;
-  }
-  tracker_.add_(1);
-  if (tracker_.item<int64_t>() >= o_.growth_interval) {
-    scale_.mul_(o_.growth_factor);
-    tracker_.zero_();
-  }
+  found_inf_.fill_(found_inf ? 1.0 : 0.0);
+  at::_amp_update_scale_(scale_, tracker_, found_inf_, o_.growth_factor, o_.backoff_factor,
+                         static_cast<int64_t>(o_.growth_interval));
 }
 
 double scheduled_lr(const std::string& schedule, double base_lr, int64_t applied_step, int64_t total_steps) {

@@ -7,8 +7,10 @@
 //   16-mixed          fp32 weights, fp16 autocast, dynamic loss scaling (GradScaler semantics)
 //   16-mixed-noscale  the same without the scaler: the classic mistake, kept to show what it does
 //   bf16-true         parameters, activations and optimizer state in bf16
+//   64-true           fp64 everywhere: a reference for the others' rounding, not a training mode
 //
-// LibTorch 1.13 has no fp16 math on CPU, so there the two 16-mixed modes are emulated: activations at
+// CPU fp16 GEMMs are ~100x slower than fp32 without AVX512-FP16, so on CPU the two 16-mixed modes are
+// emulated by default (`fp16 = autocast` runs the real CPU kernels instead): activations at
 // every block boundary, the weights for the forward pass, and gradients (of block outputs on the way
 // back, and of the parameters) are rounded through fp16, so values beyond +-65504 become inf and values
 // below fp16's smallest subnormal flush to zero, as they would on a GPU.
@@ -30,8 +32,9 @@ struct PrecisionMode {
   bool emulated = false;   // fp16 rounded in software (CPU)
 };
 
-// The mode a precision name means on a device ("cpu" or "cuda:i").
-PrecisionMode precision_mode(const std::string& precision, const std::string& device);
+// The mode a precision name means on a device ("cpu" or "cuda:i"); fp16 is the `fp16` key (auto,
+// emulated, autocast: how 16-mixed runs on a CPU).
+PrecisionMode precision_mode(const std::string& precision, const std::string& device, const std::string& fp16 = "auto");
 
 // x -> fp16 -> fp32 in forward, and the same for the incoming gradient in backward.
 torch::Tensor round_through_fp16(const torch::Tensor& x);
@@ -56,8 +59,8 @@ struct ScalerOptions {
 
 // Dynamic loss scaling with PyTorch's GradScaler semantics: scale the loss, unscale the gradients,
 // skip the optimizer step when any gradient is inf/NaN and back off; grow after `growth_interval`
-// consecutive clean steps. Uses the fused AMP kernels where the device has them, an equivalent tensor
-// implementation elsewhere.
+// consecutive clean steps. Runs PyTorch's own AMP kernels (_amp_foreach_non_finite_check_and_unscale_,
+// _amp_update_scale_), which LibTorch 2.4+ has for CPU and CUDA.
 class GradScaler {
  public:
   explicit GradScaler(ScalerOptions o = {}, torch::Device device = torch::kCPU);
@@ -70,12 +73,10 @@ class GradScaler {
   double current_scale() const { return scale_.item<double>(); }
   int64_t growth_tracker() const { return tracker_.item<int64_t>(); }
   std::function<void(torch::Tensor& found_inf)> reduce_found_inf;
-  bool fused() const { return fused_; }
 
  private:
   ScalerOptions o_;
   torch::Tensor scale_, tracker_, found_inf_;
-  bool fused_ = false;
 };
 
 // The learning rate of `applied_step` (optimizer steps actually taken; skipped steps do not count).

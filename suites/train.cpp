@@ -1,11 +1,13 @@
 #include "suites/train.hpp"
 
+#include <chrono>
 #include <cmath>
 
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "core/compat.hpp"
 #include "core/errors.hpp"
+#include "core/stats.hpp"
 
 #ifdef TRAINSCOPE_TORCH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -34,10 +36,7 @@ std::string unsupported_reason(const RunConfig& c, const std::string& device) {
     if (cuda && c.world_size > static_cast<int64_t>(torch::cuda::device_count()))
       return "needs " + std::to_string(c.world_size) + " GPUs on this machine for its local ranks; LibTorch sees " +
              std::to_string(torch::cuda::device_count());
-    const bool gloo = c.backend == "gloo" || (c.backend == "auto" && !cuda);
-    if (gloo && c.parallel == "ddp" && c.precision == "bf16-true")
-      return "Gloo in LibTorch 1.13 has no bf16 all-reduce, and DDP's buckets hold bf16 gradients in bf16-true";
-    if (c.parallel == "zero3" && precision_mode(c.precision, device).emulated)
+    if (c.parallel == "zero3" && precision_mode(c.precision, device, c.fp16).emulated)
       return "fp16 emulation rounds the whole model's weights each step; zero3 holds only shards of them";
   }
   if (c.precision == "tf32" && !cuda)
@@ -63,7 +62,7 @@ std::string unsupported_reason(const RunConfig& c, const std::string& device) {
 
 Trainer::Trainer(const RunConfig& config, const std::string& device, Communicator* comm)
     : config_(config), device_(device), preset_(model_preset(config.model)),
-      mode_(precision_mode(config.precision, device)), rank_(comm ? comm->rank() : 0),
+      mode_(precision_mode(config.precision, device, config.fp16)), rank_(comm ? comm->rank() : 0),
       world_(comm ? comm->world_size() : 1) {
   preset_.dropout = config.dropout;
   // Every rank draws the same initial weights from the same seed, and rank 0's are broadcast anyway.
@@ -251,12 +250,10 @@ torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
   return si.loss;
 }
 
-double Trainer::global_loss(const torch::Tensor& loss) {
-  Communicator* c = strategy_->comm();
-  if (!c) return loss.item<double>();
-  torch::Tensor t = loss.detach().to(torch::kCPU, torch::kDouble).reshape({1});
-  c->all_reduce(t, /*average=*/true, /*record=*/false);
-  return t.item<double>();
+std::vector<double> Trainer::global_mean(const torch::Tensor& values) {
+  torch::Tensor t = values.detach().to(torch::kCPU, torch::kDouble).contiguous().reshape({-1});
+  if (Communicator* c = strategy_->comm()) c->all_reduce(t, /*average=*/true, /*record=*/false);
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
 }
 
 std::vector<torch::Tensor> Trainer::full_parameters() {
@@ -300,28 +297,38 @@ TrainOutcome train(Trainer& trainer, const RunConfig& config, Hooks& hooks, RunI
   TrainOutcome out;
   const int64_t total = config.warmup_steps + config.steps;
   const int64_t log_every = config.log_every > 0 ? config.log_every : std::max<int64_t>(1, total / 50);
-  std::vector<double> tail;  // losses of the last steps, for final_loss
+  // A budget stops the measured steps early, never before 10 of them (enough for the step-time
+  // statistics), and only at a log point, where every rank has the same (averaged) clock.
+  const int64_t min_measured = std::min<int64_t>(10, config.steps);
   int64_t nonfinite_run = 0;
-  // The first step whose loss was not finite, tracked on the device so that no step has to wait.
+  // Every step's loss, kept on the device so that no step has to wait; read once at the end.
+  torch::Tensor history;
+  // The first step whose loss was not finite, tracked on the device too.
   torch::Tensor first_bad;
-
-  hooks.run_begin(info);
+  hooks.run_begin(info);  // probes set up (the GEMM peak is measured here): not part of the budget
+  const auto started = std::chrono::steady_clock::now();
   for (int64_t s = 0; s < total; ++s) {
     torch::Tensor loss = trainer.step(s, hooks);
     out.steps_run = s + 1;
     {
       torch::NoGradGuard no_grad;
-      if (!first_bad.defined()) first_bad = torch::full({}, -1, loss.options().dtype(torch::kLong));
+      if (!history.defined()) {
+        history = torch::full({total}, std::nan(""), loss.options().dtype(torch::kDouble));
+        first_bad = torch::full({}, -1, loss.options().dtype(torch::kLong));
+      }
+      history.select(0, s).copy_(loss.detach());
       first_bad = torch::where(torch::logical_and(first_bad < 0, torch::logical_not(torch::isfinite(loss))),
                                torch::full({}, s, first_bad.options()), first_bad);
     }
-    // Read the loss (a device sync on GPU) only at log points, in the last 10 steps, and while it is
-    // non-finite, so that the loop stays asynchronous otherwise.
-    const bool in_tail = s >= total - 10;
-    if (s % log_every != 0 && !in_tail && nonfinite_run == 0 && s != total - 1) continue;
-    const double v = trainer.global_loss(loss);  // every rank decides on the same number
-    if (s % log_every == 0 || s == total - 1) out.loss_curve.emplace_back(s, v);
-    if (in_tail) tail.push_back(v);
+    // Read the loss (a device sync on GPU) only at log points and while it is non-finite, so that the
+    // loop stays asynchronous otherwise.
+    if (s % log_every != 0 && nonfinite_run == 0 && s != total - 1) continue;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    const std::vector<double> g = trainer.global_mean(torch::stack({loss.detach().to(torch::kDouble).reshape({}),
+                                                                    torch::full({}, elapsed, loss.options().dtype(torch::kDouble))}));
+    const double v = g[0];  // every rank decides on the same numbers
+    const bool logged = s % log_every == 0 || s == total - 1;
+    if (logged) out.loss_curve.emplace_back(s, v);
     if (!std::isfinite(v)) {
       if (!out.first_nonfinite_step) out.first_nonfinite_step = first_bad.item<int64_t>();
       if (++nonfinite_run >= 10) {
@@ -332,12 +339,17 @@ TrainOutcome train(Trainer& trainer, const RunConfig& config, Hooks& hooks, RunI
     } else {
       nonfinite_run = 0;
     }
+    if (config.time_budget_s > 0 && g[1] > config.time_budget_s && s + 1 - config.warmup_steps >= min_measured &&
+        s != total - 1) {
+      out.budget_stopped = true;
+      if (!logged) out.loss_curve.emplace_back(s, v);
+      break;
+    }
   }
   hooks.run_end(RunEnd{out.steps_run, trainer.model_state()});
   trainer.full_parameters();  // zero3 gathers here, on every rank, whatever the outcome
-  double sum = 0;
-  for (double v : tail) sum += v;
-  out.final_loss = tail.empty() ? std::nan("") : sum / static_cast<double>(tail.size());
+  if (history.defined()) out.step_losses = trainer.global_mean(history.narrow(0, 0, out.steps_run));
+  out.final_loss = final_loss_of(out.step_losses, out.steps_run);
   if (out.status == "ok" && !std::isfinite(out.final_loss)) {
     out.status = "diverged";
     out.reason = "final loss is not finite";

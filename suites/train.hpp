@@ -22,8 +22,11 @@ struct TrainOutcome {
   double final_loss = 0;                 // mean of the last (up to) 10 steps' losses
   std::optional<double> accuracy;        // held-out accuracy for classifiers
   std::vector<std::pair<int64_t, double>> loss_curve;
+  std::vector<double> step_losses;       // every step's loss (mean over ranks), warm-up included
   std::optional<int64_t> first_nonfinite_step;
+  bool budget_stopped = false;           // time_budget_s ran out before the last step
 };
+
 
 // Resolves "auto" to cuda when LibTorch sees a GPU, else cpu; "cuda" means "cuda:0".
 std::string resolve_device(const std::string& requested);
@@ -43,8 +46,9 @@ class Trainer {
   ModelStateBytes model_state() const;
   // Makes the full parameters resident (a collective under zero3: every rank calls it) and returns them.
   std::vector<torch::Tensor> full_parameters();
-  // The loss averaged over the ranks (a sync point; the loop reads it only at log points).
-  double global_loss(const torch::Tensor& loss);
+  // Each element averaged over the ranks (the values themselves for a single process); a sync point,
+  // which the loop reaches only at log points.
+  std::vector<double> global_mean(const torch::Tensor& values);
   ParallelStrategy& strategy() { return *strategy_; }
   int rank() const { return rank_; }
   ReferenceModel& model() { return *model_; }
@@ -78,7 +82,7 @@ class Trainer {
 };
 
 // Runs warm-up + measured steps with the hooks, then evaluates. A loss that turns non-finite and
-// stays so for 10 steps ends the run as `diverged`.
+// stays so for 10 steps ends the run as `diverged`; `time_budget_s` may end the measured steps early.
 TrainOutcome train(Trainer& trainer, const RunConfig& config, Hooks& hooks, RunInfo info);
 
 }  // namespace trainscope::suites

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <set>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
@@ -152,11 +154,23 @@ TEST(Parallel, LaunchVariables) {
 }
 
 // K steps of every strategy on 2 ranks against one process on the concatenated global batch.
+// In fp64, so that the comparison tests the strategies and not the rounding: the ranks sum their
+// gradients in another order than one process does, and AdamW's first steps turn a tiny gradient
+// difference into an update difference of up to lr/eps times its size. In fp32 that reached 2.5e-5
+// on some CPUs (AVX2 against AVX-512 kernels); in fp64 (unit roundoff 1.1e-16) a gradient summed over
+// at most 8 x 64 tokens is off by at most 512 x 1.1e-16 x sum|terms| ~ 6e-14 (sum|terms| <= ~1 for a
+// mean cross-entropy), AdamW amplifies that by at most lr/eps = 3e-3/1e-8 = 3e5, so each step moves a
+// parameter by at most ~2e-8 differently and six steps by ~1.2e-7: atol 1e-6 holds on any CPU. A
+// strategy error (a missed average, a wrong shard) moves parameters by ~lr = 3e-3, 3000x above it.
+// With SGD (lr 0.05, momentum 0.9) nothing amplifies: six steps move a parameter by at most
+// 0.05 x (1 + 1.9 + ... ) ~ 1 times the gradient error, ~6e-14, so atol 1e-9; a missed average
+// doubles a whole update (~0.05 x |g|).
 TEST(Parallel, StrategiesEqualOneProcessOnTheGlobalBatch) {
   const SuiteRun run = run_suite_text("equal", R"(
 name = "equal"
 [base]
 model = "gpt-tiny"
+precision = "64-true"
 warmup_steps = 0
 steps = 6
 eval = false
@@ -180,6 +194,22 @@ prefetch = false
 name = "ws3"
 world_size = 3
 parallel = "ddp"
+[[cells]]
+name = "single-sgd"
+world_size = 1
+batch_size = 8
+optimizer = "sgd"
+lr = 0.05
+[[cells]]
+name = "ddp-sgd"
+parallel = "ddp"
+optimizer = "sgd"
+lr = 0.05
+[[cells]]
+name = "zero3-sgd"
+parallel = "zero3"
+optimizer = "sgd"
+lr = 0.05
 )", "--nproc 2");
   const Result& r = run.result;
   const std::string& out = run.out;
@@ -200,12 +230,21 @@ parallel = "ddp"
       ASSERT_EQ(r0.size(), single.size());
       for (size_t i = 0; i < single.size(); ++i) {
         EXPECT_TRUE(torch::equal(r0[i], r1[i])) << strategy << " parameter " << i << " differs between ranks";
-        // Sums over 2 x 4 samples in another order than over 8: rounding, amplified a little by Adam.
-        EXPECT_TRUE(torch::allclose(r0[i], single[i], /*rtol=*/1e-4, /*atol=*/1e-5))
+        EXPECT_TRUE(torch::allclose(r0[i], single[i], /*rtol=*/0, /*atol=*/1e-6))
             << strategy << "/" << ckpt << " parameter " << i << ": max |diff| "
             << (r0[i] - single[i]).abs().max().item<double>();
         worst = std::max(worst, (r0[i] - single[i]).abs().max().item<double>());
       }
+    }
+  }
+  // AdamW is blind to a gradient's scale (a missed average over ranks would not show); SGD is not.
+  const auto single_sgd = load_params(out + "/cells/single-sgd.params.pt");
+  for (const std::string strategy : {"ddp", "zero3"}) {
+    const auto p = load_params(out + "/cells/" + strategy + "-sgd.rank0.params.pt");
+    ASSERT_EQ(p.size(), single_sgd.size());
+    for (size_t i = 0; i < p.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(p[i], single_sgd[i], /*rtol=*/0, /*atol=*/1e-9)) << strategy << "-sgd parameter " << i;
+      worst = std::max(worst, (p[i] - single_sgd[i]).abs().max().item<double>());
     }
   }
   std::printf("largest |parameter - one process| over the strategies: %.3g\n", worst);
@@ -281,8 +320,9 @@ precision = "bf16-true"
   const Result& r = run.result;
   ASSERT_EQ(r.code, 0) << r.out;
   const json& report = run.report;
+  // ddp/bf16-true: DDP's buckets hold bf16 gradients, which Gloo all-reduces natively in LibTorch 2.x.
   for (const std::string name : {"ddp/bf16-mixed/gpt", "zero2/16-mixed/mlp", "zero3/bf16-true/selective/gpt",
-                                 "zero1/clip/sgd/cnn", "zero3/every2/cnn"}) {
+                                 "zero1/clip/sgd/cnn", "zero3/every2/cnn", "ddp/bf16-true"}) {
     const json c = cell_named(report, name);
     ASSERT_EQ(c["status"], "ok") << name << ": " << c.value("reason", "");
     EXPECT_TRUE(std::isfinite(c["metrics"]["quality"]["final_loss"].get<double>())) << name;
@@ -292,9 +332,8 @@ precision = "bf16-true"
     EXPECT_EQ(c["metrics"]["rng"]["violations"], 0) << name;
   }
   EXPECT_EQ(cell_named(report, "zero2/16-mixed/mlp")["emulated"], true);
-  const json bf16_ddp = cell_named(report, "ddp/bf16-true");
-  EXPECT_EQ(bf16_ddp["status"], "skipped");
-  EXPECT_NE(bf16_ddp["reason"].get<std::string>().find("no bf16 all-reduce"), std::string::npos);
+  EXPECT_EQ(cell_named(report, "ddp/bf16-true")["metrics"]["memory"]["model_state_bytes"]["grads"].get<int64_t>(),
+            cell_named(report, "ddp/bf16-true")["model"]["parameters"].get<int64_t>() * 2);  // bf16 gradients
 }
 
 TEST(Parallel, RngProbeCatchesEachInjectedFaultAndNothingElse) {
@@ -389,11 +428,10 @@ inject = ["crash", "hang", "none"]
   EXPECT_EQ(processes_mentioning(out), 0);
 }
 
-// What `torchrun --nproc-per-node 2 --no-python trainscope run ...` sets, set by hand: the two
-// processes form one group, rank 0 writes the report with the merged cell.
-TEST(Parallel, TorchrunVariablesFormTheGroup) {
-  const std::string suite = write("torchrun.toml", R"(
-name = "torchrun"
+namespace {
+
+const char* kLaunchedSuite = R"(
+name = "launched"
 [base]
 model = "mlp-tiny"
 batch_size = 16
@@ -402,7 +440,29 @@ steps = 4
 eval = false
 overflow_every = 0
 world_size = 2
-parallel = "zero2"
+parallel = "ddp"
+)";
+
+// The report a real launcher's two ranks wrote: one ok cell with both ranks and no RNG violation.
+void expect_launched_report(const std::string& out, const Result& r, const std::string& source) {
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(source + ": rank 1 of 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 1: done; rank 0 writes the report"), std::string::npos) << r.out;
+  const json cell = cell_named(read_json(out + "/report.json"), "launched");
+  EXPECT_EQ(cell["status"], "ok") << cell.dump();
+  EXPECT_EQ(cell["ranks"].size(), 2u);
+  EXPECT_EQ(cell["ranks"][1]["status"], "ok");
+  EXPECT_EQ(cell["metrics"]["rng"]["violations"], 0);
+  EXPECT_EQ(validate_report(out + "/report.json").code, 0);
+}
+
+}  // namespace
+
+// What `torchrun --nproc-per-node 2 --no-python trainscope run ...` sets, set by hand: the two
+// processes form one group, rank 0 writes the report with the merged cell.
+TEST(Parallel, TorchrunVariablesFormTheGroup) {
+  // The launched suite and a one-process cell, which a 2-rank launch must skip.
+  const std::string suite = write("torchrun.toml", std::string(kLaunchedSuite) + R"(
 [[cells]]
 name = "alone"
 world_size = 1
@@ -420,7 +480,7 @@ parallel = "single"
   EXPECT_NE(r.out.find("torchrun: rank 1 of 2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("rank 1: done; rank 0 writes the report"), std::string::npos) << r.out;
   const json report = read_json(out + "/report.json");
-  const json cell = cell_named(report, "torchrun");  // the suite's one matrix cell
+  const json cell = cell_named(report, "launched");  // the suite's one matrix cell
   EXPECT_EQ(cell["status"], "ok") << cell.dump();
   EXPECT_EQ(cell["ranks"].size(), 2u);
   EXPECT_EQ(cell["metrics"]["rng"]["violations"], 0);
@@ -432,6 +492,68 @@ parallel = "single"
   const json alone = cell_named(report, "alone");
   EXPECT_EQ(alone["status"], "skipped");  // the launch has 2 ranks
   EXPECT_NE(alone["reason"].get<std::string>().find("torchrun launch has 2 ranks"), std::string::npos);
+}
+
+
+// The wheel's own torchrun starts the two ranks (its agent store, its variables).
+TEST(Parallel, RealTorchrunLaunchesTwoRanks) {
+  const std::string torchrun = std::string(kTorchVenv) + "/bin/torchrun";
+  if (std::string(kTorchVenv).empty() || access(torchrun.c_str(), X_OK) != 0)
+    GTEST_SKIP() << "no torchrun: this build uses a LibTorch without the project's virtual environment";
+  const std::string suite = write("launched.toml", kLaunchedSuite), out = tmp("torchrun-real");
+  sh("rm -rf " + out);
+  const Result r = sh(torchrun + " --nproc-per-node 2 --master-addr 127.0.0.1 --master-port " +
+                      std::to_string(runners::free_local_port()) + " --no-python " + bin() + " run --suite " + suite +
+                      " --out " + out);
+  expect_launched_report(out, r, "torchrun");
+}
+
+// Debian's Open MPI starts the two ranks (OMPI_COMM_WORLD_*; the rendezvous address is ours to give).
+TEST(Parallel, RealMpirunLaunchesTwoRanks) {
+  if (sh("command -v mpirun").code != 0) GTEST_SKIP() << "no mpirun (apt-get install openmpi-bin)";
+  const std::string suite = write("launched.toml", kLaunchedSuite), out = tmp("mpirun-real");
+  sh("rm -rf " + out);
+  // Root is refused unless allowed; two ranks on a machine that may have fewer cores than that.
+  const Result r = sh("mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=" +
+                      std::to_string(runners::free_local_port()) + " " + bin() + " run --suite " + suite +
+                      " --out " + out);
+  expect_launched_report(out, r, "mpirun");
+}
+
+// A local multi-rank run listens on loopback only: the rendezvous store has no authentication, so an
+// address beyond the machine would let anyone who reaches it write keys into the job.
+TEST(Parallel, ALocalRunListensOnLoopbackOnly) {
+  if (sh("command -v ss").code != 0) GTEST_SKIP() << "no ss (apt-get install iproute2)";
+  const std::string suite = write("listen.toml", R"(
+name = "listen"
+[base]
+model = "mlp"
+batch_size = 64
+warmup_steps = 1
+steps = 400
+eval = false
+overflow_every = 0
+world_size = 2
+parallel = "ddp"
+)");
+  const std::string out = tmp("listen");
+  sh("rm -rf " + out);
+  sh(bin() + " run --nproc 2 --suite " + suite + " --out " + out + " > " + out + ".txt 2>&1 & echo $! > " + out + ".pid");
+  // Poll until the ranks are up (each rank's Gloo listens too), then keep every listening socket of a
+  // trainscope process seen while the run lasts.
+  std::set<std::string> seen;
+  for (int i = 0; i < 200 && sh("kill -0 $(cat " + out + ".pid)").code == 0; ++i) {
+    const Result ss = sh("ss -Hltnp | grep '\"trainscope\"' | awk '{print $4}'");
+    std::istringstream lines_in(ss.out);
+    for (std::string addr; std::getline(lines_in, addr);)
+      if (!addr.empty()) seen.insert(addr);
+    if (seen.size() >= 3) break;  // the parent's store and both ranks
+    usleep(100 * 1000);
+  }
+  sh("while kill -0 $(cat " + out + ".pid) 2>/dev/null; do sleep 0.2; done");
+  ASSERT_GE(seen.size(), 3u) << "expected the store and two ranks listening; saw " << seen.size();
+  for (const auto& addr : seen) EXPECT_EQ(addr.rfind("127.0.0.1:", 0), 0u) << "listening on " << addr;
+  EXPECT_EQ(cell_named(read_json(out + "/report.json"), "listen")["status"], "ok");
 }
 
 // A rendezvous that cannot be served (the port is taken) fails the cell, not the run: the report

@@ -1,6 +1,8 @@
 // Precision: fp16 emulation, the dynamic loss scaler, skipped steps, the overflow probe and numerics.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "probes/overflow.hpp"
 #include "reports/report.hpp"
 #include "suites/precision.hpp"
@@ -158,14 +160,105 @@ TEST(Stress, WithoutTheScalerTheRunEndsDivergedWithTheStep) {
   EXPECT_NE(o.reason.find("since step 1"), std::string::npos) << o.reason;
 }
 
+namespace {
+
+// The dtype of every block output the loop hands to the probes at step 0.
+struct DtypeLog : Probe, BlockObserver {
+  std::map<std::string, at::ScalarType> dtypes;
+  std::string name() const override { return "dtypes"; }
+  json section() const override { return nullptr; }
+  BlockObserver* block_observer() override { return this; }
+  bool wants(int64_t step) const override { return step == 0; }
+  void activation(int64_t, const std::string& b, const at::Tensor& x) override { dtypes[b] = x.scalar_type(); }
+  void gradient(int64_t, const std::string&, const at::Tensor&) override {}
+};
+
+// 16-mixed (or -noscale) run emulated and with real CPU fp16 autocast: the overflow sections.
+std::map<std::string, json> fp16_both_ways(const std::string& precision, double loss_multiplier, int64_t steps) {
+  std::map<std::string, json> sections;
+  for (const std::string mode : {"emulated", "autocast"}) {
+    RunConfig c = small(precision, loss_multiplier);
+    c.fp16 = mode;
+    c.steps = steps;  // fp16 GEMMs are slow on CPUs without AVX512-FP16: a few steps only
+    Trainer t(c, "cpu");
+    EXPECT_EQ(t.mode().emulated, mode == "emulated");
+    auto overflow = std::make_shared<probes::OverflowProbe>(5);
+    auto dtypes = std::make_shared<DtypeLog>();
+    Hooks hooks;
+    hooks.add(overflow);
+    hooks.add(dtypes);
+    const TrainOutcome o = train(t, c, hooks, t.info());
+    EXPECT_TRUE(o.status == "ok" || o.status == "diverged") << mode << ": " << o.reason;
+    // Emulation computes in fp32 (and rounds); autocast really computes the linear layers in fp16.
+    EXPECT_EQ(dtypes->dtypes.at("fc0"), mode == "emulated" ? torch::kFloat : torch::kHalf) << mode;
+    sections[mode] = overflow->section();
+    sections[mode]["status"] = o.status;
+  }
+  std::printf("%s x%g: emulated: overflow %s underflow %s skipped %s; autocast: overflow %s underflow %s skipped %s\n",
+              precision.c_str(), loss_multiplier, sections["emulated"]["overflow_blocks"].dump().c_str(),
+              sections["emulated"]["underflow_blocks"].dump().c_str(), sections["emulated"]["skipped_steps"].dump().c_str(),
+              sections["autocast"]["overflow_blocks"].dump().c_str(), sections["autocast"]["underflow_blocks"].dump().c_str(),
+              sections["autocast"]["skipped_steps"].dump().c_str());
+  return sections;
+}
+
+}  // namespace
+
+// The CPU emulation of 16-mixed (fp32 compute, fp16 rounding at block boundaries) against the real
+// thing, LibTorch 2.x's CPU fp16 autocast. Stress case (loss x 1e8): the same steps overflow, so the
+// scaler takes the same decisions and the scale follows the same trajectory (powers of two: exact
+// equality, not a tolerance), and the same blocks are named as leaving fp16's range.
+TEST(Fp16Emulation, AgreesWithRealCpuFp16AutocastOnTheStressCase) {
+  auto s = fp16_both_ways("16-mixed", 1e8, 40);
+  const json& e = s["emulated"];
+  const json& r = s["autocast"];
+  EXPECT_EQ(e["status"], "ok");
+  EXPECT_EQ(r["status"], "ok");
+  EXPECT_EQ(e["first_overflow_step"], 0);
+  EXPECT_EQ(e["first_overflow_step"], r["first_overflow_step"]);
+  EXPECT_GT(e["skipped_steps"].get<int64_t>(), 10);
+  EXPECT_EQ(e["skipped_steps"], r["skipped_steps"]);
+  EXPECT_EQ(e["scale_trajectory"], r["scale_trajectory"]);
+  EXPECT_FALSE(e["overflow_blocks"].empty());
+  EXPECT_EQ(e["overflow_blocks"], r["overflow_blocks"]);
+  EXPECT_EQ(e["underflow_blocks"], r["underflow_blocks"]);
+  // Without the scaler the same stress makes both diverge.
+  auto n = fp16_both_ways("16-mixed-noscale", 1e8, 15);
+  EXPECT_EQ(n["emulated"]["status"], "diverged");
+  EXPECT_EQ(n["autocast"]["status"], "diverged");
+  EXPECT_EQ(n["emulated"]["first_overflow_step"], n["autocast"]["first_overflow_step"]);
+  EXPECT_EQ(n["emulated"]["overflow_blocks"], n["autocast"]["overflow_blocks"]);
+}
+
+// Unscaled gradients of a plain run: the blocks whose gradients fall below fp16's normal range are
+// the same either way (the emulation's probe sees a gradient before it is rounded, the real one
+// after, when values under fp16's smallest subnormal are already 0; so the fractions differ a
+// little, and the >= 1% naming agrees).
+TEST(Fp16Emulation, AgreesWithRealCpuFp16AutocastOnUnderflow) {
+  auto s = fp16_both_ways("16-mixed-noscale", 1.0, 20);
+  EXPECT_EQ(s["emulated"]["status"], "ok");
+  EXPECT_EQ(s["autocast"]["status"], "ok");
+  EXPECT_FALSE(s["emulated"]["underflow_blocks"].empty());
+  EXPECT_EQ(s["emulated"]["underflow_blocks"], s["autocast"]["underflow_blocks"]);
+  EXPECT_TRUE(s["emulated"]["overflow_blocks"].empty());
+  EXPECT_EQ(s["emulated"]["overflow_blocks"], s["autocast"]["overflow_blocks"]);
+}
+
 class Bf16MatchesFp32 : public ::testing::TestWithParam<std::string> {};
 
+// bf16 keeps 8 bits of mantissa (relative rounding 2^-9 = 0.2% per value); what it changes in the
+// loss is small only where training has levelled off: on the steep part of a curve a perturbation
+// shifts the whole trajectory by a step or so, which can be several percent of the loss (measured:
+// gpt-tiny at step 60 was 1.6% off on one CPU and 2.5% on another). So each model trains to where its
+// curve is flat (the quick suite's gpt-tiny setting: 150 steps of batch 32), where a parameter error
+// of relative size e moves a loss at its minimum by O(e^2): far below the 2% bound on any CPU.
 TEST_P(Bf16MatchesFp32, WithinTheStatedTolerance) {
   RunConfig c32 = small("32-true"), c16 = small("bf16-mixed");
   for (RunConfig* c : {&c32, &c16}) {
     c->model = GetParam();
     c->data = "auto";  // Fashion-MNIST for the MLP, synthetic tokens for the GPT
-    c->batch_size = 64;
+    c->batch_size = GetParam() == "gpt-tiny" ? 32 : 64;
+    c->steps = GetParam() == "gpt-tiny" ? 150 : 60;
     c->lr = GetParam() == "gpt-tiny" ? 3e-3 : 1e-3;
   }
   if (GetParam() == "mlp" && !fashion_mnist_available()) GTEST_SKIP() << "dataset-fashion-mnist not installed";

@@ -85,9 +85,11 @@ const std::vector<KeySpec>& config_keys() {
       {"log_every", KeyKind::Int, {}, 0, "loss-curve sampling interval; 0: about 50 points", 0},
       {"eval", KeyKind::Bool, {}, true, "evaluate test accuracy after training (classifiers)"},
       {"inject", KeyKind::Choice,
-       {"none", "crash", "abort", "hang", "throw", "same-data-seed", "skip-broadcast", "rank-dropout-seed"}, "none",
+       {"none", "crash", "abort", "hang", "throw", "same-data-seed", "skip-broadcast", "rank-dropout-seed", "slow:<pct>"},
+       "none",
        "inject a fault: crash/abort/hang/throw the process (isolation); same-data-seed, skip-broadcast, "
-       "rank-dropout-seed break the ranks' RNG and weights (the RNG probe must catch them)"},
+       "rank-dropout-seed break the ranks' RNG and weights (the RNG probe must catch them); slow:<pct> makes "
+       "every step pct percent slower (to measure the comparison gate)"},
       {"inject_rank", KeyKind::Int, {}, -1, "the rank a process fault hits; -1: every rank", -1},
       {"inject_step", KeyKind::Int, {}, 0, "the training step before which a process fault fires", 0},
   };
@@ -100,6 +102,17 @@ const KeySpec& key_spec(const std::string& name) {
   throw UsageError("unknown key '" + name + "' (allowed: " + join(key_names()) + ")");
 }
 
+double slow_percent(const std::string& inject) {
+  if (inject.rfind("slow:", 0) != 0) return 0;
+  try {
+    size_t used = 0;
+    const double pct = std::stod(inject.substr(5), &used);
+    if (used == inject.size() - 5 && pct > 0 && pct <= 1000) return pct;
+  } catch (const std::exception&) {
+  }
+  return 0;
+}
+
 json validate_value(const std::string& key, const json& value) {
   const KeySpec& spec = key_spec(key);
   auto bad = [&](const std::string& want) {
@@ -110,6 +123,8 @@ json validate_value(const std::string& key, const json& value) {
       if (value.is_string())
         for (const auto& c : spec.choices)
           if (c == value.get<std::string>()) return value;
+      // inject = slow:<pct>: every step made pct percent slower (the comparison gate's known effect).
+      if (key == "inject" && value.is_string() && slow_percent(value.get<std::string>()) > 0) return value;
       throw UsageError("unknown " + key + " '" + describe(value) + "' (allowed: " +
                        join(spec.choices) + ")");
     }

@@ -84,6 +84,9 @@ struct RunConfig {
 // else; `every` gets k (1 for the other policies).
 bool parse_checkpoint(const std::string& text, std::string& kind, int64_t& every);
 
+// The percentage of `inject = slow:<pct>` (0 for anything else).
+double slow_percent(const std::string& inject);
+
 // The budget in bytes (0: none).
 int64_t memory_budget_bytes(const RunConfig& c);
 

@@ -37,6 +37,63 @@ json to_json(const Summary& s) {
               {"stdev", s.stdev}, {"min", s.min}, {"max", s.max}, {"count", s.count}};
 }
 
+double mann_whitney_greater_p(const std::vector<double>& a, const std::vector<double>& b) {
+  const size_t na = a.size(), nb = b.size();
+  if (na == 0 || nb == 0) return std::nan("");
+  // Ranks of the pooled sample (average ranks for ties), and the tie-correction term.
+  std::vector<std::pair<double, int>> pooled;
+  for (double v : a) pooled.emplace_back(v, 0);
+  for (double v : b) pooled.emplace_back(v, 1);
+  std::sort(pooled.begin(), pooled.end());
+  const double n = static_cast<double>(na + nb);
+  double rank_sum_b = 0, tie_term = 0;
+  bool ties = false;
+  for (size_t i = 0; i < pooled.size();) {
+    size_t j = i;
+    while (j < pooled.size() && pooled[j].first == pooled[i].first) ++j;
+    const double t = static_cast<double>(j - i), avg_rank = (static_cast<double>(i + j) + 1.0) / 2.0;
+    if (t > 1) ties = true;
+    tie_term += t * t * t - t;
+    for (size_t k = i; k < j; ++k)
+      if (pooled[k].second == 1) rank_sum_b += avg_rank;
+    i = j;
+  }
+  // U_b: how many (a, b) pairs have b above a (ties count half).
+  const double u = rank_sum_b - static_cast<double>(nb) * (static_cast<double>(nb) + 1) / 2.0;
+  if (!ties && na * nb <= 2500) {
+    // Exact: the number of arrangements with U >= u among all C(n, nb), by the usual recurrence
+    // on f(i, j, k) = arrangements of i a's and j b's with U = k.
+    const size_t max_u = na * nb;
+    std::vector<std::vector<double>> prev(nb + 1, std::vector<double>(max_u + 1, 0.0)), cur = prev;
+    // f(0, j, 0) = 1: j b's and no a's give U = 0.
+    for (size_t j = 0; j <= nb; ++j) prev[j][0] = 1;
+    for (size_t i = 1; i <= na; ++i) {
+      for (size_t j = 0; j <= nb; ++j) {
+        std::fill(cur[j].begin(), cur[j].end(), 0.0);
+        for (size_t k = 0; k <= max_u; ++k) {
+          // The largest value is an a (adds nothing to U) or a b (above all i a's: adds i).
+          double v = prev[j][k];
+          if (j > 0 && k >= i) v += cur[j - 1][k - i];
+          cur[j][k] = v;
+        }
+      }
+      std::swap(prev, cur);
+    }
+    double total = 0, tail = 0;
+    const auto threshold = static_cast<size_t>(std::llround(u));
+    for (size_t k = 0; k <= max_u; ++k) {
+      total += prev[nb][k];
+      if (k >= threshold) tail += prev[nb][k];
+    }
+    return tail / total;
+  }
+  const double mean = static_cast<double>(na) * static_cast<double>(nb) / 2.0;
+  const double var = static_cast<double>(na) * static_cast<double>(nb) / 12.0 * ((n + 1) - tie_term / (n * (n - 1)));
+  if (var <= 0) return 1.0;  // every value equal: no evidence either way
+  const double z = (u - mean - 0.5) / std::sqrt(var);
+  return 0.5 * std::erfc(z / std::sqrt(2.0));
+}
+
 double final_loss_of(const std::vector<double>& step_losses, int64_t steps) {
   steps = std::min<int64_t>(steps, static_cast<int64_t>(step_losses.size()));
   const int64_t from = std::max<int64_t>(0, steps - 10);

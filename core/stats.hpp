@@ -17,6 +17,11 @@ struct Summary {
 Summary summarize(std::vector<double> values);
 json to_json(const Summary& s);  // {"p50","p90","p99","mean","stdev","min","max","count"}
 
+// Mann-Whitney U test of "b tends to be larger than a" (one-sided): the p-value, exact (by counting
+// the arrangements) when there are no ties and na x nb <= 2500, else the normal approximation with
+// the tie correction and a continuity correction. NaN when a side is empty.
+double mann_whitney_greater_p(const std::vector<double>& a, const std::vector<double>& b);
+
 // The final loss of a run that stopped after `steps` steps: the mean of the losses of its last (up
 // to) 10 steps. NaN when there is none or one of them is not finite.
 double final_loss_of(const std::vector<double>& step_losses, int64_t steps);

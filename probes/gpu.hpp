@@ -9,9 +9,20 @@
 
 namespace trainscope::probes {
 
-// {"toolkit": bool, "status", "runtime_version", "driver_version", "device_count", "devices": [...],
-//  "cudnn_version", "nccl_version", "cupti_version"}; fields that cannot be read are null.
+// {"toolkit": bool, "torch_cuda_pieces": bool, "status", "runtime_version", "driver_version",
+//  "device_count", "devices": [...], "cudnn_version", "nccl_version", "cupti_version"}; fields that
+// cannot be read are null.
 json gpu_inventory();
+
+// Whether the code paths that need a CUDA LibTorch (CUDA event timer, caching-allocator statistics,
+// NCCL process groups) are compiled into this binary.
+constexpr bool torch_cuda_pieces() {
+#ifdef TRAINSCOPE_TORCH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
 
 // NVTX ranges "step N", "forward", "backward", "optimizer" for Nsight Systems; null without the toolkit.
 std::shared_ptr<Probe> make_nvtx_probe();

@@ -1,5 +1,6 @@
-// Built when CMake finds the CUDA toolkit. Links the static CUDA runtime and header-only NVTX only:
-// never the driver stub, so the program loads on machines without a driver. cuDNN, NCCL and CUPTI are
+// Built when CMake finds the CUDA toolkit. Links the CUDA runtime (the shared one a CUDA LibTorch has
+// loaded, else the static one) and header-only NVTX only: never the driver stub, so the program loads
+// on machines without a driver. cuDNN, NCCL and CUPTI are
 // opened with dlopen for their versions, so their absence costs nothing but a null.
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -76,7 +77,7 @@ class NvtxProbe : public Probe {
 }  // namespace
 
 json gpu_inventory() {
-  json j{{"toolkit", true}, {"built_with_cuda", CUDART_VERSION}};
+  json j{{"toolkit", true}, {"built_with_cuda", CUDART_VERSION}, {"torch_cuda_pieces", torch_cuda_pieces()}};
   int runtime = 0, driver = 0, count = 0;
   j["runtime_version"] = cudaRuntimeGetVersion(&runtime) == cudaSuccess ? json(runtime) : json(nullptr);
   j["driver_version"] = cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0 ? json(driver) : json(nullptr);

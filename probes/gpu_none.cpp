@@ -4,8 +4,8 @@
 namespace trainscope::probes {
 
 json gpu_inventory() {
-  return json{{"toolkit", false}, {"status", "no device: built without the CUDA toolkit"}, {"device_count", 0},
-              {"devices", json::array()}};
+  return json{{"toolkit", false}, {"torch_cuda_pieces", torch_cuda_pieces()},
+              {"status", "no device: built without the CUDA toolkit"}, {"device_count", 0}, {"devices", json::array()}};
 }
 
 std::shared_ptr<Probe> make_nvtx_probe() { return nullptr; }

@@ -135,6 +135,8 @@ json TimingProbe::section() const {
   j["phase_time_s"] = {{"forward", to_json(summarize(fwd))},
                        {"backward", to_json(summarize(bwd))},
                        {"optimizer", to_json(summarize(opt))}};
+  // Every measured step, so that a comparison can test distributions and not only percentiles.
+  j["samples_s"] = {{"step", step}, {"forward", fwd}, {"backward", bwd}, {"optimizer", opt}};
   j["clock"] = clock_ ? clock_->kind() : "none";
   // Global throughput: every rank steps in lockstep on its own slice of the global batch. FLOP/s are
   // global too; MFU divides by the peak of all the devices (the per-device peak x ranks).

@@ -26,6 +26,15 @@ double number_at(const json& j, std::initializer_list<const char*> path) {
   return at->is_number() ? at->get<double>() : std::nan("");
 }
 
+json value_at(const json& j, std::initializer_list<const char*> path) {
+  const json* at = &j;
+  for (const char* k : path) {
+    if (!at->is_object() || !at->contains(k)) return nullptr;
+    at = &(*at)[k];
+  }
+  return *at;
+}
+
 json compare_numerics(const json& cell, const json& fp32) {
   if (fp32.value("status", "") != "ok" || !fp32.contains("metrics")) return nullptr;
   const std::string status = cell.value("status", "");

@@ -52,6 +52,8 @@ std::string render_summary(const json& report);
 
 // The number at `path` inside `j`, or NaN when a key is missing or the value is not a number.
 double number_at(const json& j, std::initializer_list<const char*> path);
+// The value at `path` inside `j`, or null when a key is missing.
+json value_at(const json& j, std::initializer_list<const char*> path);
 
 // Rules over the report, each citing the numbers it rests on.
 json recommend(const json& report);

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/units.hpp"
+#include "reports/render.hpp"
 #include "reports/report.hpp"
 
 namespace trainscope::reports {
@@ -16,10 +17,10 @@ std::string pad(const std::string& s, size_t w, bool right = false) {
 
 }  // namespace
 
-std::string render_summary(const json& report) {
+json cell_table(const json& report) {
   const std::vector<std::string> head = {"cell", "status", "step p50", "throughput", "peak mem",
                                          "final loss", "accuracy", "vs 32-true"};
-  std::vector<std::vector<std::string>> rows;
+  json rows = json::array();
   for (const auto& c : report["cells"]) {
     std::vector<std::string> r(head.size(), "-");
     r[0] = c["name"].get<std::string>();
@@ -42,6 +43,13 @@ std::string render_summary(const json& report) {
     }
     rows.push_back(r);
   }
+  return json{{"columns", head}, {"rows", rows}};
+}
+
+std::string render_summary(const json& report) {
+  const json table = cell_table(report);
+  const std::vector<std::string> head = table["columns"];
+  std::vector<std::vector<std::string>> rows = table["rows"];
   std::vector<size_t> w(head.size());
   for (size_t i = 0; i < head.size(); ++i) {
     w[i] = head[i].size();

@@ -29,11 +29,12 @@ namespace {
 // fire before training step `inject_step` on the chosen rank (every rank for -1).
 class FaultProbe : public Probe {
  public:
-  FaultProbe(const RunConfig& c, int rank) : kind_(c.inject), step_(c.inject_step) {
+  FaultProbe(const RunConfig& c, int rank) : kind_(c.inject), step_(c.inject_step), slow_(slow_percent(c.inject) / 100) {
     armed_ = c.inject_rank < 0 || c.inject_rank == rank;
   }
   std::string name() const override { return "fault"; }
   void step_begin(const StepInfo& s) override {
+    began_ = std::chrono::steady_clock::now();
     if (!armed_ || s.step != step_) return;
     if (kind_ == "crash") std::raise(SIGSEGV);
     if (kind_ == "abort") std::abort();
@@ -41,22 +42,23 @@ class FaultProbe : public Probe {
     if (kind_ == "hang")
       while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
+  // slow:<pct>: the step busy-waits pct percent of what it took so far (every step, every rank), as
+  // compute would (a sleep's wake-up latency would add its own delay on short steps).
+  void optimizer_end(const StepInfo&) override {
+    if (slow_ <= 0 || !armed_) return;
+    const auto until = std::chrono::steady_clock::now() + (std::chrono::steady_clock::now() - began_) * slow_;
+    while (std::chrono::steady_clock::now() < until) {
+    }
+  }
   json section() const override { return nullptr; }
 
  private:
   std::string kind_;
   int64_t step_;
+  double slow_ = 0;
   bool armed_ = false;
+  std::chrono::steady_clock::time_point began_{};
 };
-
-json at_path(const json& j, std::initializer_list<const char*> path) {
-  const json* cur = &j;
-  for (const char* key : path) {
-    if (!cur->is_object() || !cur->contains(key)) return nullptr;
-    cur = &(*cur)[key];
-  }
-  return *cur;
-}
 
 // On a GPU the budget caps the caching allocator (a fraction of the device's memory); without one the
 // device's own memory is the budget.
@@ -105,20 +107,20 @@ json merge_ranks(const std::vector<json>& cells) {
   int64_t slow_rank = 0;
   for (size_t r = 0; r < cells.size(); ++r) {
     const json m = cells[r].value("metrics", json::object());
-    const json p50 = at_path(m, {"timing", "step_time_s", "p50"});
+    const json p50 = reports::value_at(m, {"timing", "step_time_s", "p50"});
     ranks.push_back({{"rank", r},
                      {"status", cells[r].value("status", "failed")},
                      {"step_time_p50_s", p50},
-                     {"samples_per_s_per_device", at_path(m, {"timing", "samples_per_s_per_device"})},
-                     {"peak_bytes", at_path(m, {"memory", "peak_bytes"})},
-                     {"model_state_bytes", at_path(m, {"memory", "model_state_total_bytes"})},
-                     {"comm_time_s", at_path(m, {"comm", "comm_time_s"})},
-                     {"exposed_comm_time_s", at_path(m, {"comm", "exposed_comm_time_s"})}});
+                     {"samples_per_s_per_device", reports::value_at(m, {"timing", "samples_per_s_per_device"})},
+                     {"peak_bytes", reports::value_at(m, {"memory", "peak_bytes"})},
+                     {"model_state_bytes", reports::value_at(m, {"memory", "model_state_total_bytes"})},
+                     {"comm_time_s", reports::value_at(m, {"comm", "comm_time_s"})},
+                     {"exposed_comm_time_s", reports::value_at(m, {"comm", "exposed_comm_time_s"})}});
     if (p50.is_number()) {
       if (p50.get<double>() > slowest) slowest = p50.get<double>(), slow_rank = static_cast<int64_t>(r);
       if (fastest < 0 || p50.get<double>() < fastest) fastest = p50.get<double>();
     }
-    rng.push_back(at_path(m, {"rng"}));
+    rng.push_back(reports::value_at(m, {"rng"}));
     // A rank that ended otherwise (a divergence only it saw) decides the cell's status.
     if (merged["status"] == "ok" && cells[r].value("status", "ok") != "ok") {
       merged["status"] = cells[r]["status"];

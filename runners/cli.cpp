@@ -1,6 +1,10 @@
 #include "runners/cli.hpp"
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -10,6 +14,8 @@
 #include "core/errors.hpp"
 #include "probes/env.hpp"
 #include "probes/gpu.hpp"
+#include "reports/compare.hpp"
+#include "reports/render.hpp"
 #include "reports/report.hpp"
 #include "runners/cell.hpp"
 #include "runners/launch.hpp"
@@ -79,11 +85,46 @@ int list_command() {
 
 int report_command(const std::string& dir) {
   const json report = reports::read_report(dir);
+  // Re-rendered from the JSON alone, next to it.
+  std::string folder = dir;
+  if (folder.size() > 5 && folder.substr(folder.size() - 5) == ".json") {
+    const size_t slash = folder.find_last_of('/');
+    folder = slash == std::string::npos ? "." : folder.substr(0, slash);
+  }
+  reports::write_renderings(report, folder);
   std::printf("suite %s, created %s, trainscope %s (%s)\n\n", report["suite"].value("name", "?").c_str(),
               report["created"].get<std::string>().c_str(), report["trainscope"].value("version", "?").c_str(),
               report["trainscope"].value("commit", "?").c_str());
   std::printf("%s", reports::render_summary(report).c_str());
+  std::printf("\nwritten: %s/report.md, %s/report.html\n", folder.c_str(), folder.c_str());
   return 0;
+}
+
+struct CompareArgs {
+  std::string base, next, format = "text";
+  double min_effect_pct = 5, alpha = 0.05, memory_tolerance_pct = 1;
+  bool exact_loss = false, no_colour = false;
+};
+
+// `trainscope compare BASE NEW`: 0 no regression, 1 a regression, 2 bad input (read_report throws).
+int compare_command(const CompareArgs& a) {
+  const json base = reports::read_report(a.base), next = reports::read_report(a.next);
+  reports::CompareOptions o;
+  o.min_effect = a.min_effect_pct / 100;
+  o.alpha = a.alpha;
+  o.memory_tolerance = a.memory_tolerance_pct / 100;
+  o.exact_loss = a.exact_loss;
+  const json cmp = reports::compare_reports(base, next, o);
+  const std::string md = reports::render_compare_markdown(cmp);
+  if (a.format == "json") std::cout << cmp.dump(2) << "\n";
+  else if (a.format == "md") std::cout << md;
+  else std::cout << reports::render_compare_text(cmp, !a.no_colour && isatty(STDOUT_FILENO) && !std::getenv("NO_COLOR"));
+  // In a GitHub Actions job the Markdown also goes to the job's summary page.
+  if (const char* summary = std::getenv("GITHUB_STEP_SUMMARY"); summary && *summary) {
+    std::ofstream f(summary, std::ios::app);
+    f << md << "\n";
+  }
+  return cmp["regressions"].get<int>() > 0 ? 1 : 0;
 }
 
 // "key=value" -> pair; one-line error otherwise.
@@ -121,12 +162,39 @@ int cli_main(int argc, char** argv) {
                       "local ranks allowed per cell: cells with world_size up to N run as N processes (default 1; "
                       "under torchrun/srun/mpirun the launcher decides)")
       ->check(CLI::Range(1, 1024));
+  run_cmd->add_option("--repeat", run.repeat,
+                      "runs of each cell, each in its own process: the cell reports every run and their spread "
+                      "(default: the suite's `repeat`, else 1)")
+      ->check(CLI::Range(1, 100));
 
   auto* list_cmd = app.add_subcommand("list", "Suites, axes and values, and what this build supports here");
   auto* env_cmd = app.add_subcommand("env", "Hardware and software inventory as JSON");
   std::string report_dir;
-  auto* report_cmd = app.add_subcommand("report", "Re-render the summary of a results folder from its JSON");
+  auto* report_cmd = app.add_subcommand("report", "Re-render the summary, report.md and report.html of a results folder from its JSON");
   report_cmd->add_option("dir", report_dir, "results folder or report.json")->required();
+
+  CompareArgs cmp;
+  auto* compare_cmd = app.add_subcommand(
+      "compare", "Compare two runs (reports or results folders): per cell and metric a verdict; exit 1 on a regression");
+  compare_cmd->add_option("base", cmp.base, "the baseline: report.json or its folder")->required();
+  compare_cmd->add_option("new", cmp.next, "the run to judge: report.json or its folder")->required();
+  compare_cmd->add_option("--format", cmp.format, "text (a table), md (a pull-request comment) or json")
+      ->check(CLI::IsMember({"text", "md", "json"}));
+  compare_cmd->add_option("--min-effect", cmp.min_effect_pct,
+                          "smallest time change in percent that can be a regression (doubled without 3 repetitions)")
+      ->check(CLI::Range(0.0, 1000.0))->capture_default_str();
+  compare_cmd->add_option("--alpha", cmp.alpha, "significance level of the one-sided Mann-Whitney U test")
+      ->check(CLI::Range(1e-9, 0.5))->capture_default_str();
+  compare_cmd->add_option("--memory-tolerance", cmp.memory_tolerance_pct, "peak memory increase in percent that is a regression")
+      ->check(CLI::Range(0.0, 1000.0))->capture_default_str();
+  compare_cmd->add_flag("--exact-loss", cmp.exact_loss, "deterministic runs: every step's loss must be identical");
+  compare_cmd->add_flag("--no-color", cmp.no_colour, "no ANSI colours (also when NO_COLOR is set or not a terminal)");
+
+  std::string export_report;
+  bool export_bmf = false;
+  auto* export_cmd = app.add_subcommand("export", "Write a report's figures for dashboards");
+  export_cmd->add_option("report", export_report, "report.json or its folder")->required();
+  export_cmd->add_flag("--bmf", export_bmf, "Bencher Metric Format: latency (ns), throughput, peak memory per cell")->required();
 
   std::string spec, result;
   auto* cell_cmd = app.add_subcommand("_cell", "");  // hidden: one cell in a child process
@@ -148,7 +216,7 @@ int cli_main(int argc, char** argv) {
     bool known = false;
     for (const auto* sub : app.get_subcommands({})) known = known || sub->check_name(word);
     if (!known) {
-      std::fprintf(stderr, "trainscope: error: unknown command '%s' (allowed: run, list, env, report)\n", word.c_str());
+      std::fprintf(stderr, "trainscope: error: unknown command '%s' (allowed: run, list, env, report, compare, export)\n", word.c_str());
       return 2;
     }
   }
@@ -179,6 +247,11 @@ int cli_main(int argc, char** argv) {
       return 0;
     }
     if (report_cmd->parsed()) return report_command(report_dir);
+    if (compare_cmd->parsed()) return compare_command(cmp);
+    if (export_cmd->parsed()) {
+      std::cout << reports::export_bmf(reports::read_report(export_report)).dump(2) << "\n";
+      return 0;
+    }
     if (run_cmd->parsed()) {
       if (!steps.empty()) run.sets.emplace_back("steps", steps);
       if (!warmup.empty()) run.sets.emplace_back("warmup_steps", warmup);

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <algorithm>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "core/errors.hpp"
 #include "core/units.hpp"
 #include "probes/env.hpp"
+#include "reports/render.hpp"
 #include "reports/report.hpp"
 #include "runners/cell.hpp"
 #include "runners/frontier.hpp"
@@ -183,6 +185,47 @@ json run_ranks(const std::string& name, const json& config, const std::string& d
   return cell;
 }
 
+// N runs of one cell (each in its own process) as one cell: a run that did not end ok stands for the
+// cell; otherwise the run with the median step time does, with every run's figures in `repetitions`.
+json merge_repetitions(std::vector<json> runs) {
+  if (runs.size() == 1) return runs[0];
+  double wall = 0;
+  for (const auto& r : runs) wall += r.value("wall_s", 0.0);
+  json reps{{"count", runs.size()}};
+  json p50 = json::array(), rate = json::array(), peak = json::array(), status = json::array();
+  for (const auto& r : runs) {
+    p50.push_back(reports::value_at(r, {"metrics", "timing", "step_time_s", "p50"}));
+    rate.push_back(reports::value_at(r, {"metrics", "timing", "samples_per_s"}));
+    peak.push_back(reports::value_at(r, {"metrics", "memory", "peak_bytes"}));
+    status.push_back(r.value("status", "failed"));
+  }
+  reps["status"] = status;
+  reps["step_time_p50_s"] = p50;
+  reps["samples_per_s"] = rate;
+  reps["peak_bytes"] = peak;
+  size_t pick = 0;
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (runs[i].value("status", "") != "ok") {
+      pick = i;
+      break;
+    }
+  if (runs[pick].value("status", "") == "ok") {
+    // The median run: its figures are the cell's; the spread says how far the runs are apart.
+    std::vector<std::pair<double, size_t>> order;
+    for (size_t i = 0; i < runs.size(); ++i) order.emplace_back(p50[i].is_number() ? p50[i].get<double>() : INFINITY, i);
+    std::sort(order.begin(), order.end());
+    pick = order[order.size() / 2].second;
+    const double lo = order.front().first, hi = order.back().first, mid = order[order.size() / 2].first;
+    reps["median_step_time_p50_s"] = mid;
+    reps["spread"] = mid > 0 && std::isfinite(hi) ? json((hi - lo) / mid) : json(nullptr);
+  }
+  reps["representative"] = pick;
+  json cell = runs[pick];
+  cell["repetitions"] = reps;
+  cell["wall_s"] = wall;
+  return cell;
+}
+
 // Why this launch cannot run a cell's ranks ("" when it can).
 std::string launch_reason(const RunConfig& c, const std::optional<Launch>& external, int nproc) {
   if (external) {
@@ -267,8 +310,15 @@ int run_suite(const RunOptions& o) {
   if (!o.device.empty()) suites::apply_override(suite, "device", o.device);
   if (!o.memory_budget.empty()) suites::apply_override(suite, "memory_budget", o.memory_budget);
   for (const auto& [key, text] : o.sets) suites::apply_override(suite, key, parse_value(key, text));
+  if (o.repeat > 0) suite.repeat = o.repeat;
   const std::vector<suites::Cell> cells = suites::expand(suite, o.filter);
   if (cells.empty()) throw UsageError("no cell of suite '" + suite.name + "' matches --filter '" + o.filter + "'");
+  // A device asked for by name that is not here is an error before anything runs, not a run whose
+  // every cell is skipped (which a CI job would read as a pass).
+  if (!o.device.empty() && o.device != "auto" && o.device != "cpu") {
+    const std::string why = suites::device_unavailable(suites::resolve_device(o.device));
+    if (!why.empty()) throw UsageError("--device " + o.device + ": " + why);
+  }
 
   const std::optional<Launch> external = detect_launch(process_env());
   Launch launch = external ? *external : Launch{};
@@ -315,22 +365,37 @@ int run_suite(const RunOptions& o) {
       if (writer) reports::write_json_atomic(stem + ".json", cell);
     } else if (o.resume && writer && !external && reusable(stem + ".json", config, cell)) {
       note = " (from the previous run)";
-    } else if (c.config.world_size > 1) {
-      const std::string prefix = "trainscope/" + restart + "/cell" + std::to_string(i) + "/";
-      try {
-        cell = run_ranks(c.name, config, device, stem, c.config.timeout_s, launch, store, prefix);
-      } catch (const std::exception& e) {
-        // The rendezvous itself failed (a port taken, rank 0 unreachable): this cell says so, the
-        // report keeps it and the suite goes on.
-        const std::string what = e.what();
-        cell = cell_without_metrics(c.name, config, device, "failed", what.substr(0, what.find('\n')));
-        if (writer) reports::write_json_atomic(stem + ".json", cell);
-      }
-      ran_s += cell.value("wall_s", 0.0);
-      ++ran;
     } else {
-      cell = run_isolated(c.name, config, device, stem, c.config.timeout_s);
-      ran_s += cell["wall_s"].get<double>();
+      // Each repetition in its own process (and files of its own); the first keeps the cell's stem.
+      std::vector<json> runs;
+      for (int rep = 0; rep < suite.repeat && !interrupted(); ++rep) {
+        const std::string rstem = rep == 0 ? stem : stem + ".rep" + std::to_string(rep);
+        json run;
+        if (c.config.world_size > 1) {
+          const std::string prefix =
+              "trainscope/" + restart + "/cell" + std::to_string(i) + "/rep" + std::to_string(rep) + "/";
+          try {
+            run = run_ranks(c.name, config, device, rstem, c.config.timeout_s, launch, store, prefix);
+          } catch (const std::exception& e) {
+            // The rendezvous itself failed (a port taken, rank 0 unreachable): this cell says so, the
+            // report keeps it and the suite goes on.
+            const std::string what = e.what();
+            run = cell_without_metrics(c.name, config, device, "failed", what.substr(0, what.find('\n')));
+            if (writer) reports::write_json_atomic(rstem + ".json", run);
+          }
+        } else {
+          run = run_isolated(c.name, config, device, rstem, c.config.timeout_s);
+        }
+        runs.push_back(run);
+        if (suite.repeat > 1) {
+          std::printf("%s%s", rep == 0 ? "" : " ", run.value("status", "?").c_str());
+          std::fflush(stdout);
+        }
+      }
+      if (suite.repeat > 1) std::printf(" -> ");
+      cell = merge_repetitions(runs);
+      if (writer && suite.repeat > 1) reports::write_json_atomic(stem + ".json", cell);
+      ran_s += cell.value("wall_s", 0.0);
       ++ran;
     }
     if (writer) {
@@ -364,6 +429,7 @@ int run_suite(const RunOptions& o) {
   }
   const json report = reports::make_report(env, suite_json, results, frontier);
   reports::write_json_atomic(report_path, report);
+  reports::write_renderings(report, out);  // report.md and report.html beside it
   const std::string summary = reports::render_summary(report);
   std::printf("\n%s\nreport: %s\n", summary.c_str(), report_path.c_str());
   if (interrupted()) {
@@ -371,8 +437,16 @@ int run_suite(const RunOptions& o) {
                 results.size(), cells.size(), out.c_str());
     return 130;
   }
-  for (const auto& c : results)
+  bool any_ran = false;
+  for (const auto& c : results) {
     if (c["status"] != "ok" && c["status"] != "skipped") return 1;
+    any_ran = any_ran || c["status"] == "ok";
+  }
+  if (!any_ran) {
+    // Nothing measured is not a pass: a CI job on a machine that lost its GPU must go red.
+    std::printf("every cell was skipped: nothing ran (the reasons are in the table)\n");
+    return 1;
+  }
   return 0;
 }
 

@@ -16,6 +16,7 @@ struct RunOptions {
   std::string memory_budget;  // --memory-budget: every cell, and the frontier's budget
   bool frontier = false;      // --frontier: search the largest batch even if the suite has no [frontier]
   int nproc = 1;              // --nproc: local ranks a cell may use (an external launcher overrides)
+  int repeat = 0;             // --repeat: runs of each cell (0 keeps the suite's `repeat`)
 };
 
 // Returns 0 when every cell is ok or skipped, 1 otherwise; the report is written either way.

@@ -19,6 +19,8 @@ packages=(
   python3-jsonschema              # the schema test validates real reports with it
   openmpi-bin                     # `mpirun -np 2 trainscope run ...` is tested for real
   iproute2                        # `ss`: the test of what a local run listens on
+  libjs-chart.js                  # Chart.js, inlined into report.html (read at render time)
+  chromium                        # headless: the test that report.html draws its charts offline
 )
 
 missing=()

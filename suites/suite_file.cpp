@@ -78,6 +78,10 @@ Suite parse_suite(const std::string& text, const std::string& origin) {
     } else if (key == "description") {
       if (!node->is_string()) throw UsageError(where + ": expected a string");
       s.description = node->as_string()->get();
+    } else if (key == "repeat") {
+      if (!node->is_integer() || node->as_integer()->get() < 1 || node->as_integer()->get() > 100)
+        throw UsageError(where + ": expected an integer from 1 to 100");
+      s.repeat = static_cast<int>(node->as_integer()->get());
     } else if (key == "base") {
       s.base = settings_table(as_table(*node, where), where);
     } else if (key == "axes") {
@@ -138,7 +142,7 @@ Suite parse_suite(const std::string& text, const std::string& origin) {
         s.extra_cells.emplace_back(cell_name, settings_table(t, at));
       }
     } else {
-      throw UsageError(where + ": unknown key (allowed: name, description, base, axes, when, cells, frontier)");
+      throw UsageError(where + ": unknown key (allowed: name, description, repeat, base, axes, when, cells, frontier)");
     }
   }
   if (s.name.empty()) throw UsageError(origin + ": missing 'name'");
@@ -219,7 +223,7 @@ json suite_to_json(const Suite& suite) {
   for (const auto& w : suite.when) when.push_back({{"axis", w.key}, {"value", w.value}, {"settings", w.settings}});
   json extra = json::array();
   for (const auto& [name, settings] : suite.extra_cells) extra.push_back({{"name", name}, {"settings", settings}});
-  return json{{"name", suite.name}, {"description", suite.description}, {"source", suite.source},
+  return json{{"name", suite.name}, {"description", suite.description}, {"source", suite.source}, {"repeat", suite.repeat},
               {"base", suite.base}, {"axes", axes}, {"when", when}, {"cells", extra}, {"frontier", suite.frontier}};
 }
 

@@ -3,6 +3,7 @@
 //
 //   name = "quick"
 //   description = "..."
+//   repeat = 3                   # runs of each cell, each in its own process (optional; --repeat)
 //   [base]                       # any key of core/config.hpp
 //   steps = 300
 //   [axes]                       # each key: the list of values to sweep, in this order
@@ -36,6 +37,7 @@ struct WhenRule {
 
 struct Suite {
   std::string name, description, source;  // source: "built-in" or the file's path
+  int repeat = 1;                          // runs of each cell (repetitions carry the between-run noise)
   json base = json::object();
   std::vector<Axis> axes;
   std::vector<WhenRule> when;

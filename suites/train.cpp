@@ -20,14 +20,18 @@ std::string resolve_device(const std::string& requested) {
   return requested;
 }
 
+std::string device_unavailable(const std::string& device) {
+  if (device.rfind("cuda", 0) != 0) return "";
+  const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+  const int64_t index = device.size() > 5 ? std::stoll(device.substr(5)) : 0;
+  if (count == 0) return "no CUDA device visible to LibTorch on this machine";
+  if (index >= count) return device + " requested but LibTorch sees " + std::to_string(count) + " GPU(s)";
+  return "";
+}
+
 std::string unsupported_reason(const RunConfig& c, const std::string& device) {
   const bool cuda = device.rfind("cuda", 0) == 0;
-  if (cuda) {
-    const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
-    const int64_t index = std::stoll(device.substr(5));
-    if (count == 0) return "no CUDA device visible to LibTorch on this machine";
-    if (index >= count) return device + " requested but LibTorch sees " + std::to_string(count) + " GPU(s)";
-  }
+  if (const std::string why = device_unavailable(device); !why.empty()) return why;
   if (c.parallel == "single" && c.world_size > 1)
     return "parallel=single runs one process; world_size " + std::to_string(c.world_size) + " needs ddp or zero1/2/3";
   if (c.parallel != "single" && c.world_size < 2) return c.parallel + " needs world_size >= 2";

@@ -32,6 +32,8 @@ struct TrainOutcome {
 std::string resolve_device(const std::string& requested);
 // Why a config cannot run here ("" when it can): tf32 without CUDA, cuda without a device, ...
 std::string unsupported_reason(const RunConfig& c, const std::string& device);
+// Why a resolved device ("cpu", "cuda:i") is not there ("" when it is).
+std::string device_unavailable(const std::string& device);
 
 class Trainer {
  public:

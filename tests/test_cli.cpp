@@ -36,7 +36,12 @@ TEST(Cli, BadArgumentsAreOneLineErrorsWithExit2) {
       {"run --filter 'nothing-matches-this'", "no cell of suite 'quick' matches"},
       {"run --bogus", "--bogus"},
       {"report " + tmp("does-not-exist"), "cannot read"},
-      {"frobnicate", "unknown command 'frobnicate' (allowed: run, list, env, report)"},
+      {"frobnicate", "unknown command 'frobnicate' (allowed: run, list, env, report, compare, export)"},
+      {"run --set inject=slow:abc", "unknown inject 'slow:abc'"},
+      {"run --repeat 0", "--repeat"},
+      // A device asked for that is not here: an error before anything runs, not an all-skipped pass.
+      {"run --device cuda:7", "--device cuda:7: "},
+      {"compare " + tmp("does-not-exist") + " " + tmp("does-not-exist"), "cannot read"},
   };
   for (const auto& c : cases) {
     const Result r = ts(c.args);
@@ -51,7 +56,7 @@ TEST(Cli, BadArgumentsAreOneLineErrorsWithExit2) {
 }
 
 TEST(Cli, HelpListAndEnv) {
-  for (const char* sub : {"run", "list", "env", "report"}) {
+  for (const char* sub : {"run", "list", "env", "report", "compare", "export"}) {
     const Result r = ts(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub;

@@ -89,6 +89,9 @@ TEST(Env, InventoryNamesTheBlasAndAgreesWithTorchOnGpus) {
   EXPECT_GT(env["memory_bytes"].get<int64_t>(), 0);
   const json gpu = gpu_inventory();
   EXPECT_EQ(gpu["device_count"].get<int64_t>() > 0, torch::cuda::is_available());
+  // A CUDA LibTorch (the wheel is one) must have switched the CUDA code paths on at configure time.
+  const bool torch_is_cuda_build = at::show_config().find("USE_CUDA=ON") != std::string::npos;
+  EXPECT_EQ(gpu["torch_cuda_pieces"].get<bool>(), torch_is_cuda_build);
   if (!torch::cuda::is_available()) {
     EXPECT_EQ(gpu["devices"].size(), 0u);
     EXPECT_NE(gpu["status"].get<std::string>().find("no device"), std::string::npos)

@@ -1,0 +1,29 @@
+#pragma once
+// Renderers for people, from report.json alone: report.md (a pull request, a wiki page) and
+// report.html (one self-contained page with plots, no network needed). Both carry the same content:
+// environment, suite, cell table, the technique tables, the frontier, recommendations with their
+// evidence, and the cells that did not finish.
+#include <string>
+
+#include "core/config.hpp"
+
+namespace trainscope::reports {
+
+std::string render_markdown(const json& report);
+
+// Chart.js is read from `chartjs_path` (Debian's libjs-chart.js) and inlined; without it the page
+// has the tables and says why the plots are missing.
+inline constexpr const char* kChartJsPath = "/usr/share/javascript/chart.js/chart.min.js";
+std::string render_html(const json& report, const std::string& chartjs_path = kChartJsPath);
+
+// Writes DIR/report.md and DIR/report.html (atomically, like report.json).
+void write_renderings(const json& report, const std::string& dir);
+
+// The terminal summary's table as data: {"columns": [...], "rows": [[...], ...]} (strings).
+json cell_table(const json& report);
+
+// The rows of the technique tables, shared by both renderers: {"title", "columns": [...], "rows":
+// [[...]]}, one per technique present in the report (precision, checkpointing, parallel, frontier).
+json technique_tables(const json& report);
+
+}  // namespace trainscope::reports

@@ -1,0 +1,308 @@
+// report.html: one self-contained page (tables, plots with Chart.js inlined from Debian's
+// libjs-chart.js, no network: a Content-Security-Policy forbids every fetch). The chart data are
+// computed here from the report; the page only draws them.
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/units.hpp"
+#include "reports/render.hpp"
+#include "reports/report.hpp"
+
+namespace trainscope::reports {
+namespace {
+
+std::string esc(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+// JSON inside a <script>: "</" would end the element.
+std::string script_json(const json& j) {
+  std::string s = j.dump();
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '<' && i + 1 < s.size() && s[i + 1] == '/') out += "<\\/", ++i;
+    else out += s[i];
+  }
+  return out;
+}
+
+void html_table(std::ostringstream& out, const json& columns, const json& rows) {
+  out << "<table><tr>";
+  for (const auto& c : columns) out << "<th>" << esc(c.get<std::string>()) << "</th>";
+  out << "</tr>\n";
+  for (const auto& r : rows) {
+    out << "<tr>";
+    for (const auto& v : r) out << "<td>" << esc(v.is_string() ? v.get<std::string>() : v.dump()) << "</td>";
+    out << "</tr>\n";
+  }
+  out << "</table>\n";
+}
+
+json points(const json& pairs) {
+  json p = json::array();
+  for (const auto& xy : pairs)
+    if (xy.is_array() && xy.size() == 2 && xy[0].is_number() && xy[1].is_number()) p.push_back({{"x", xy[0]}, {"y", xy[1]}});
+  return p;
+}
+
+json chart(const std::string& id, const std::string& title, const std::string& type, json data, json options = json::object()) {
+  // Chart.js 3 draws every dataset grey unless told: a colour-blind-safe palette (Okabe-Ito).
+  static const char* palette[] = {"#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"};
+  for (size_t i = 0; i < data["datasets"].size(); ++i) {
+    json& d = data["datasets"][i];
+    if (!d.contains("borderColor")) d["borderColor"] = palette[i % 8];
+    if (!d.contains("backgroundColor")) d["backgroundColor"] = palette[i % 8];
+  }
+  options["animation"] = false;
+  options["responsive"] = true;
+  options["plugins"]["title"] = {{"display", true}, {"text", title}};
+  return {{"id", id}, {"title", title}, {"config", {{"type", type}, {"data", data}, {"options", options}}}};
+}
+
+// Every plot the report has data for.
+json chart_specs(const json& report) {
+  json charts = json::array();
+  const json& cells = report["cells"];
+  // Loss curves, overlaid per model (the configuration group the precision and policy axes vary).
+  std::map<std::string, json> by_model;
+  for (const auto& c : cells) {
+    const json curve = points(value_at(c, {"metrics", "quality", "loss_curve"}));
+    if (curve.empty()) continue;
+    by_model[c["config"].value("model", "?")].push_back({{"label", c["name"]}, {"data", curve}, {"pointRadius", 0}});
+  }
+  for (const auto& [model, datasets] : by_model)
+    charts.push_back(chart("loss-" + model, "Loss curves: " + model, "line", {{"datasets", datasets}},
+                           {{"scales", {{"x", {{"type", "linear"}, {"title", {{"display", true}, {"text", "step"}}}}},
+                                        {"y", {{"title", {{"display", true}, {"text", "loss"}}}}}}}}));
+  // Loss-scale trajectory, the back-offs (skipped steps) marked.
+  for (const auto& c : cells) {
+    const json traj = value_at(c, {"metrics", "overflow", "scale_trajectory"});
+    if (!traj.is_array() || traj.empty()) continue;
+    json scale = points(traj), backoffs = json::array();
+    for (size_t i = 1; i < traj.size(); ++i)
+      if (traj[i][1].get<double>() < traj[i - 1][1].get<double>())
+        backoffs.push_back({{"x", traj[i][0].get<int64_t>() - 1}, {"y", traj[i - 1][1]}});
+    const int64_t steps = value_at(c, {"metrics", "overflow", "steps"}).is_number() ? c["metrics"]["overflow"]["steps"].get<int64_t>() : 0;
+    if (steps > 0 && !scale.empty()) scale.push_back({{"x", steps - 1}, {"y", scale.back()["y"]}});
+    charts.push_back(chart("scale-" + c["name"].get<std::string>(), "Loss scale: " + c["name"].get<std::string>(), "line",
+                           {{"datasets", {{{"label", "scale"}, {"data", scale}, {"stepped", true}, {"pointRadius", 0}},
+                                          {{"label", "skipped step (back-off)"}, {"data", backoffs}, {"showLine", false},
+                                           {"pointStyle", "crossRot"}, {"pointRadius", 6}}}}},
+                           {{"scales", {{"x", {{"type", "linear"}}}, {"y", {{"type", "logarithmic"}}}}}}));
+  }
+  // Step-time distribution per cell: p50 / p90 / p99 (and min), in milliseconds.
+  json labels = json::array(), p50 = json::array(), p90 = json::array(), p99 = json::array(), mn = json::array();
+  for (const auto& c : cells) {
+    const double m = number_at(c, {"metrics", "timing", "step_time_s", "p50"});
+    if (!(m > 0)) continue;
+    labels.push_back(c["name"]);
+    mn.push_back(1e3 * number_at(c, {"metrics", "timing", "step_time_s", "min"}));
+    p50.push_back(1e3 * m);
+    p90.push_back(1e3 * number_at(c, {"metrics", "timing", "step_time_s", "p90"}));
+    p99.push_back(1e3 * number_at(c, {"metrics", "timing", "step_time_s", "p99"}));
+  }
+  if (!labels.empty())
+    charts.push_back(chart("step-times", "Step time distribution (ms)", "bar",
+                           {{"labels", labels},
+                            {"datasets", {{{"label", "min"}, {"data", mn}}, {{"label", "p50"}, {"data", p50}},
+                                          {{"label", "p90"}, {"data", p90}}, {{"label", "p99"}, {"data", p99}}}}}));
+  // Memory per phase, with the model state measured beside the analytic expectation (MiB).
+  json ml = json::array(), fwd = json::array(), bwd = json::array(), opt = json::array(), state = json::array(),
+       expected = json::array();
+  for (const auto& c : cells) {
+    if (!value_at(c, {"metrics", "memory", "phase_peak_bytes"}).is_object()) continue;
+    const double mib = 1024.0 * 1024.0;
+    ml.push_back(c["name"]);
+    fwd.push_back(number_at(c, {"metrics", "memory", "phase_peak_bytes", "forward"}) / mib);
+    bwd.push_back(number_at(c, {"metrics", "memory", "phase_peak_bytes", "backward"}) / mib);
+    opt.push_back(number_at(c, {"metrics", "memory", "phase_peak_bytes", "optimizer"}) / mib);
+    const double s = number_at(c, {"metrics", "memory", "model_state_total_bytes"});
+    const double e = number_at(c, {"metrics", "memory", "expected_model_state_bytes"});
+    state.push_back(std::isfinite(s) ? json(s / mib) : json(nullptr));
+    expected.push_back(std::isfinite(e) ? json(e / mib) : json(nullptr));
+  }
+  if (!ml.empty())
+    charts.push_back(chart("memory", "Memory per phase and model state (MiB)", "bar",
+                           {{"labels", ml},
+                            {"datasets", {{{"label", "forward peak"}, {"data", fwd}}, {{"label", "backward peak"}, {"data", bwd}},
+                                          {{"label", "optimizer peak"}, {"data", opt}},
+                                          {{"label", "model state measured"}, {"data", state}},
+                                          {{"label", "model state expected"}, {"data", expected}}}}}));
+  // Per-block fp16 range map: fraction of gradients beyond fp16's range and below its normal range.
+  json bl = json::array(), over = json::array(), under = json::array(), aover = json::array();
+  for (const auto& c : cells)
+    for (const auto& l : value_at(c, {"metrics", "overflow", "layers"}).is_array() ? c["metrics"]["overflow"]["layers"] : json::array()) {
+      if (bl.size() >= 80) break;
+      bl.push_back(c["name"].get<std::string>() + ": " + l.value("block", "?"));
+      over.push_back(l["gradient"].is_object() ? l["gradient"].value("frac_beyond_fp16", 0.0) : 0.0);
+      under.push_back(l["gradient"].is_object() ? l["gradient"].value("frac_below_fp16_normal", 0.0) : 0.0);
+      aover.push_back(l["activation"].is_object() ? l["activation"].value("frac_beyond_fp16", 0.0) : 0.0);
+    }
+  if (!bl.empty())
+    charts.push_back(chart("fp16-map", "fp16 range per block (fraction of values)", "bar",
+                           {{"labels", bl},
+                            {"datasets", {{{"label", "gradients beyond fp16"}, {"data", over}},
+                                          {{"label", "gradients below fp16 normal"}, {"data", under}},
+                                          {{"label", "activations beyond fp16"}, {"data", aover}}}}},
+                           {{"indexAxis", "y"}}));
+  // Communication per parallel cell: exposed against overlapped (ms per step).
+  json cl = json::array(), exposed = json::array(), overlapped = json::array();
+  for (const auto& c : cells) {
+    const double total = number_at(c, {"metrics", "comm", "comm_time_s"}), exp = number_at(c, {"metrics", "comm", "exposed_comm_time_s"});
+    if (!std::isfinite(total) || !std::isfinite(exp)) continue;
+    cl.push_back(c["name"]);
+    exposed.push_back(1e3 * exp);
+    overlapped.push_back(1e3 * std::max(0.0, total - exp));
+  }
+  if (!cl.empty())
+    charts.push_back(chart("comm", "Communication per step (ms): exposed and overlapped", "bar",
+                           {{"labels", cl},
+                            {"datasets", {{{"label", "exposed"}, {"data", exposed}}, {{"label", "overlapped"}, {"data", overlapped}}}}},
+                           {{"scales", {{"x", {{"stacked", true}}}, {"y", {{"stacked", true}}}}}}));
+  // The frontier: largest batch against its throughput, per policy.
+  if (report.contains("frontier") && report["frontier"].is_array()) {
+    json datasets = json::array();
+    for (const auto& f : report["frontier"]) {
+      if (!f.value("samples_per_s", json()).is_number()) continue;
+      datasets.push_back({{"label", f.value("model", "?") + "/" + f.value("precision", "?") + "/ckpt-" + f.value("checkpoint", "?")},
+                          {"data", {{{"x", f["largest_batch"]}, {"y", f["samples_per_s"]}}}},
+                          {"pointRadius", 6}});
+    }
+    if (!datasets.empty())
+      charts.push_back(chart("frontier", "Frontier: largest batch under the budget against throughput (samples/s)",
+                             "scatter", {{"datasets", datasets}},
+                             {{"scales", {{"x", {{"type", "logarithmic"}, {"title", {{"display", true}, {"text", "batch"}}}}}}}}));
+  }
+  return charts;
+}
+
+// Speed-up against the 32-true sibling as a coloured matrix: configurations down, precisions across.
+std::string heat_map(const json& report) {
+  std::vector<std::string> precisions;
+  std::map<std::string, std::map<std::string, double>> grid;  // configuration -> precision -> speed-up
+  for (const auto& c : report["cells"]) {
+    const json* base = fp32_sibling(report, c);
+    if (!base) continue;
+    const double b = number_at(*base, {"metrics", "timing", "step_time_s", "p50"}), t = number_at(c, {"metrics", "timing", "step_time_s", "p50"});
+    if (!(b > 0 && t > 0)) continue;
+    const std::string prec = c["config"].value("precision", "?");
+    if (std::find(precisions.begin(), precisions.end(), prec) == precisions.end()) precisions.push_back(prec);
+    grid[base->at("name").get<std::string>()][prec] = b / t;
+  }
+  if (precisions.size() < 2) return "";
+  std::ostringstream out;
+  out << "<h2>Speed-up against 32-true</h2>\n<table class=\"heat\"><tr><th>reference cell</th>";
+  for (const auto& p : precisions) out << "<th>" << esc(p) << "</th>";
+  out << "</tr>\n";
+  for (const auto& [row, values] : grid) {
+    out << "<tr><td>" << esc(row) << "</td>";
+    for (const auto& p : precisions) {
+      const auto it = values.find(p);
+      if (it == values.end()) {
+        out << "<td>-</td>";
+        continue;
+      }
+      // Green above 1x, red below, on a log scale clipped at 4x either way.
+      const double v = std::clamp(std::log2(it->second) / 2.0, -1.0, 1.0);
+      const int r = v < 0 ? 255 : static_cast<int>(255 * (1 - v)), g = v > 0 ? 255 : static_cast<int>(255 * (1 + v));
+      out << "<td style=\"background: rgb(" << r << "," << g << ",200)\">" << format_fixed(it->second, 2) << "x</td>";
+    }
+    out << "</tr>\n";
+  }
+  out << "</table>\n";
+  return out.str();
+}
+
+}  // namespace
+
+std::string render_html(const json& report, const std::string& chartjs_path) {
+  std::string chartjs;
+  {
+    std::ifstream f(chartjs_path, std::ios::binary);
+    if (f) chartjs.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  const json charts = chart_specs(report);
+  std::ostringstream out;
+  const std::string title = "trainscope report: " + report["suite"].value("name", std::string("?"));
+  out << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+      << "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'unsafe-inline'; "
+         "style-src 'unsafe-inline'; img-src data:\">\n"
+      << "<title>" << esc(title) << "</title>\n<style>\n"
+      << "body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;margin:1em 0}"
+         "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}th{background:#f3f3f3}"
+         ".chart{margin:1.5em 0}.warn{color:#a60}.critical{color:#b00}.info{color:#036}code{font-size:12px}\n"
+      << "</style></head>\n<body data-charts-expected=\"" << (chartjs.empty() ? 0 : charts.size())
+      << "\" data-charts-drawn=\"0\" data-errors=\"\">\n";
+  out << "<h1>" << esc(title) << "</h1>\n<p>Created " << esc(report.value("created", "?")) << " by trainscope "
+      << esc(report["trainscope"].value("version", "?")) << " (" << esc(report["trainscope"].value("commit", "?"))
+      << ").</p>\n";
+  const json& env = report["env"];
+  std::string gpus;
+  for (const auto& g : env.value("gpus", json::array())) gpus += (gpus.empty() ? "" : ", ") + g.value("name", std::string("?"));
+  out << "<h2>Environment</h2>\n<ul><li>host " << esc(env.value("host", "?")) << "; CPU "
+      << esc(value_at(env, {"cpu", "model"}).dump()) << ", " << esc(value_at(env, {"cpu", "logical_cores"}).dump())
+      << " logical cores</li><li>torch " << esc(value_at(env, {"torch", "version"}).dump()) << "; BLAS "
+      << esc(value_at(env, {"blas", "name"}).dump()) << "</li><li>GPUs: "
+      << esc(gpus.empty() ? value_at(env, {"cuda", "status"}).dump() : gpus) << "</li>";
+  for (const auto& w : env.value("warnings", json::array())) out << "<li class=\"warn\">" << esc(w.get<std::string>()) << "</li>";
+  out << "</ul>\n<h2>Suite</h2>\n<p>" << esc(report["suite"].value("description", "")) << "</p><ul>";
+  const json axes = report["suite"].value("axes", json::object());
+  for (const auto& [key, values] : axes.items())
+    out << "<li>axis <code>" << esc(key) << "</code>: " << esc(values.dump()) << "</li>";
+  out << "</ul>\n<h2>Cells</h2>\n";
+  const json table = cell_table(report);
+  html_table(out, table["columns"], table["rows"]);
+  for (const auto& t : technique_tables(report)) {
+    out << "<h2>" << esc(t["title"].get<std::string>()) << "</h2>\n";
+    html_table(out, t["columns"], t["rows"]);
+  }
+  out << heat_map(report);
+  out << "<h2>Recommendations</h2>\n<ul>";
+  for (const auto& r : report["recommendations"])
+    out << "<li class=\"" << esc(r.value("severity", "info")) << "\"><b>" << esc(r.value("severity", "?")) << "</b> "
+        << esc(r.value("text", "")) << "<br><code>" << esc(r.value("evidence", json::object()).dump()) << "</code></li>\n";
+  out << "</ul>\n";
+  std::string unfinished;
+  for (const auto& c : report["cells"])
+    if (c["status"] != "ok")
+      unfinished += "<li><code>" + esc(c["name"].get<std::string>()) + "</code>: " + esc(c["status"].get<std::string>()) +
+                    ": " + esc(c.value("reason", "")) + "</li>";
+  if (!unfinished.empty()) out << "<h2>Cells that did not finish or were skipped</h2>\n<ul>" << unfinished << "</ul>\n";
+
+  out << "<h2>Plots</h2>\n";
+  if (chartjs.empty()) {
+    out << "<p class=\"warn\">Chart.js was not found at " << esc(chartjs_path)
+        << " (apt-get install libjs-chart.js, then trainscope report DIR): the plots are left out.</p>\n";
+  } else {
+    for (const auto& c : charts)
+      out << "<div class=\"chart\"><canvas id=\"" << esc(c["id"].get<std::string>()) << "\"></canvas></div>\n";
+    // Errors and the number of charts drawn are written onto <body>, where a test (or a person) reads them.
+    out << "<script>window.addEventListener('error', function (e) { var b = document.body;"
+           " b.dataset.errors = (b.dataset.errors ? b.dataset.errors + '; ' : '') + e.message; });</script>\n";
+    out << "<script>\n" << chartjs << "\n</script>\n";
+    out << "<script>\nvar TRAINSCOPE_CHARTS = " << script_json(charts) << ";\n"
+        << "TRAINSCOPE_CHARTS.forEach(function (c) {\n"
+           "  var chart = new Chart(document.getElementById(c.id), c.config);\n"
+           "  var points = chart.data.datasets.reduce(function (n, d) { return n + d.data.length; }, 0);\n"
+           "  if (points > 0) document.body.dataset.chartsDrawn = String(Number(document.body.dataset.chartsDrawn) + 1);\n"
+           "});\n</script>\n";
+  }
+  out << "</body></html>\n";
+  return out.str();
+}
+
+}  // namespace trainscope::reports

@@ -1,0 +1,170 @@
+// report.md, and the technique tables that report.html shares.
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <fstream>
+#include <sstream>
+
+#include "core/units.hpp"
+#include "reports/render.hpp"
+#include "reports/report.hpp"
+
+namespace trainscope::reports {
+namespace {
+
+std::string text_or_dash(const json& v, const std::function<std::string(double)>& f) {
+  return v.is_number() ? f(v.get<double>()) : "-";
+}
+
+std::string md_escape(std::string s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '|') out += "\\|";
+    else if (c == '\n') out += ' ';
+    else out += c;
+  }
+  return out;
+}
+
+void md_table(std::ostringstream& out, const json& columns, const json& rows) {
+  out << "|";
+  for (const auto& c : columns) out << " " << md_escape(c.get<std::string>()) << " |";
+  out << "\n|";
+  for (size_t i = 0; i < columns.size(); ++i) out << " --- |";
+  out << "\n";
+  for (const auto& r : rows) {
+    out << "|";
+    for (const auto& v : r) out << " " << md_escape(v.is_string() ? v.get<std::string>() : v.dump()) << " |";
+    out << "\n";
+  }
+}
+
+}  // namespace
+
+json technique_tables(const json& report) {
+  json tables = json::array();
+  json precision = json::array(), checkpointing = json::array(), parallel = json::array();
+  for (const auto& c : report["cells"]) {
+    const std::string name = c["name"];
+    if (c.contains("numerics")) {
+      const json& n = c["numerics"];
+      std::string speedup = "-";
+      if (const json* base = fp32_sibling(report, c)) {
+        const double b = number_at(*base, {"metrics", "timing", "step_time_s", "p50"});
+        const double t = number_at(c, {"metrics", "timing", "step_time_s", "p50"});
+        if (b > 0 && t > 0) speedup = format_fixed(b / t, 2) + "x";
+      }
+      precision.push_back({name, c["config"].value("model", "?"), c["config"].value("precision", "?"), speedup,
+                           text_or_dash(n.value("final_loss_rel_diff", json()), [](double x) { return format_fixed(100 * x, 2) + "%"; }),
+                           text_or_dash(n.value("max_curve_rel_dev", json()), [](double x) { return format_fixed(100 * x, 1) + "%"; }),
+                           n.value("verdict", "-")});
+    }
+    if (c.contains("checkpointing")) {
+      const json& k = c["checkpointing"];
+      checkpointing.push_back(
+          {name, c["config"].value("checkpoint", "?"), std::to_string(c["config"].value("batch_size", 0)),
+           text_or_dash(value_at(c, {"metrics", "memory", "peak_bytes"}), [](double x) { return format_bytes(x); }),
+           text_or_dash(k.value("memory_saved_pct", json()), [](double x) { return format_fixed(x, 1) + "%"; }),
+           text_or_dash(k.value("recompute_overhead_pct", json()), [](double x) { return format_signed_pct(x, 1); }),
+           k.value("reference", "-")});
+    }
+    if (c.contains("parallel")) {
+      const json& p = c["parallel"];
+      parallel.push_back(
+          {name, c["config"].value("parallel", "?"), std::to_string(c["config"].value("world_size", 1)),
+           text_or_dash(value_at(c, {"metrics", "memory", "model_state_total_bytes"}), [](double x) { return format_bytes(x); }),
+           text_or_dash(value_at(c, {"metrics", "memory", "expected_model_state_bytes"}), [](double x) { return format_bytes(x); }),
+           value_at(c, {"metrics", "memory", "expected_model_state_formula"}).is_string()
+               ? c["metrics"]["memory"]["expected_model_state_formula"].get<std::string>()
+               : "-",
+           text_or_dash(p.value("step_time_vs_single_pct", json()), [](double x) { return format_signed_pct(x); }),
+           text_or_dash(p.value("exposed_comm_fraction", json()), [](double x) { return format_fixed(100 * x, 0) + "%"; }),
+           text_or_dash(p.value("overlap", json()), [](double x) { return format_fixed(100 * x, 0) + "%"; })});
+    }
+  }
+  if (!precision.empty())
+    tables.push_back({{"title", "Precision x model: speed-up and numerics against 32-true"},
+                      {"columns", {"cell", "model", "precision", "speed-up", "final loss diff", "max curve dev", "verdict"}},
+                      {"rows", precision}});
+  if (!checkpointing.empty())
+    tables.push_back({{"title", "Checkpoint policy x batch: peak memory and recompute cost against none"},
+                      {"columns", {"cell", "policy", "batch", "peak memory", "memory saved", "step time", "against"}},
+                      {"rows", checkpointing}});
+  if (!parallel.empty())
+    tables.push_back({{"title", "Strategy x world size: model state per rank, measured and expected"},
+                      {"columns", {"cell", "strategy", "ranks", "measured", "expected", "formula", "step vs one process",
+                                   "exposed comm", "overlap"}},
+                      {"rows", parallel}});
+  if (report.contains("frontier") && report["frontier"].is_array() && !report["frontier"].empty()) {
+    json rows = json::array();
+    for (const auto& f : report["frontier"])
+      rows.push_back({f.value("model", "?") + "/" + f.value("precision", "?") + "/ckpt-" + f.value("checkpoint", "?"),
+                      f.value("budget", "?"), std::to_string(f.value("largest_batch", 0)),
+                      text_or_dash(f.value("samples_per_s", json()), [](double x) { return format_rate(x) + " samp/s"; }),
+                      text_or_dash(f.value("peak_bytes", json()), [](double x) { return format_bytes(x); })});
+    tables.push_back({{"title", "Frontier: the largest batch under the memory budget"},
+                      {"columns", {"configuration", "budget", "largest batch", "throughput", "peak memory"}},
+                      {"rows", rows}});
+  }
+  return tables;
+}
+
+std::string render_markdown(const json& report) {
+  std::ostringstream out;
+  const json& env = report["env"];
+  out << "# trainscope report: " << report["suite"].value("name", "?") << "\n\n";
+  out << "Created " << report.value("created", "?") << " by trainscope " << report["trainscope"].value("version", "?")
+      << " (" << report["trainscope"].value("commit", "?") << "), schema `" << report.value("schema", "?") << "`.\n\n";
+  out << "## Environment\n\n";
+  out << "- host: " << env.value("host", "?") << "; CPU: " << value_at(env, {"cpu", "model"}).dump() << ", "
+      << value_at(env, {"cpu", "logical_cores"}).dump() << " logical cores; memory "
+      << text_or_dash(env.value("memory_bytes", json()), [](double x) { return format_bytes(x); }) << "\n";
+  out << "- torch " << value_at(env, {"torch", "version"}).dump() << " (CPU kernels: "
+      << value_at(env, {"torch", "cpu_capability"}).dump() << "); BLAS " << value_at(env, {"blas", "name"}).dump() << "\n";
+  std::string gpus;
+  for (const auto& g : env.value("gpus", json::array())) gpus += (gpus.empty() ? "" : ", ") + g.value("name", std::string("?"));
+  out << "- GPUs: " << (gpus.empty() ? value_at(env, {"cuda", "status"}).dump() : gpus) << "\n";
+  for (const auto& w : env.value("warnings", json::array())) out << "- warning: " << w.get<std::string>() << "\n";
+  out << "\n## Suite\n\n" << report["suite"].value("description", "") << "\n\n";
+  const json axes = report["suite"].value("axes", json::object());
+  for (const auto& [key, values] : axes.items())
+    out << "- axis `" << key << "`: " << values.dump() << "\n";
+  if (report["suite"].value("repeat", 1) > 1) out << "- each cell run " << report["suite"]["repeat"].get<int>() << " times\n";
+  out << "\n## Cells\n\n";
+  const json table = cell_table(report);
+  md_table(out, table["columns"], table["rows"]);
+  for (const auto& t : technique_tables(report)) {
+    out << "\n## " << t["title"].get<std::string>() << "\n\n";
+    md_table(out, t["columns"], t["rows"]);
+  }
+  out << "\n## Recommendations\n\n";
+  if (report["recommendations"].empty()) out << "None.\n";
+  for (const auto& r : report["recommendations"]) {
+    out << "- **" << r.value("severity", "?") << "** " << md_escape(r.value("text", "")) << "  \n  evidence: `"
+        << r.value("evidence", json::object()).dump() << "`\n";
+  }
+  std::string unfinished;
+  for (const auto& c : report["cells"]) {
+    const std::string s = c["status"];
+    if (s != "ok")
+      unfinished += "- `" + c["name"].get<std::string>() + "`: " + s + ": " + md_escape(c.value("reason", "")) + "\n";
+  }
+  if (!unfinished.empty()) out << "\n## Cells that did not finish or were skipped\n\n" << unfinished;
+  return out.str();
+}
+
+void write_renderings(const json& report, const std::string& dir) {
+  auto write = [&](const std::string& name, const std::string& text) {
+    const std::string path = dir + "/" + name, tmp = path + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::binary);
+      f << text;
+      if (!f) throw std::runtime_error("cannot write " + tmp);
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error("cannot write " + path);
+  };
+  write("report.md", render_markdown(report));
+  write("report.html", render_html(report));
+}
+
+}  // namespace trainscope::reports

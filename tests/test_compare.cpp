@@ -1,0 +1,280 @@
+// The CI gate (`trainscope compare`, the Mann-Whitney test under it, `export --bmf`), repetitions, a
+// run in which nothing ran, and the reports for people (report.md, report.html in a real browser).
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "cli_support.hpp"
+#include "core/stats.hpp"
+#include "reports/compare.hpp"
+#include "reports/render.hpp"
+#include "reports/report.hpp"
+
+using namespace trainscope;
+using namespace trainscope::test;
+
+namespace {
+
+std::string fixture(const std::string& name) { return source_dir() + "/tests/data/compare/" + name; }
+
+// A minimal ok cell with the figures the gate reads.
+json cell(const std::string& name, std::vector<double> rep_p50, double peak, double loss) {
+  json c{{"name", name}, {"status", "ok"}, {"config", {{"model", "mlp-tiny"}}}};
+  std::sort(rep_p50.begin(), rep_p50.end());
+  c["metrics"]["timing"]["step_time_s"]["p50"] = rep_p50[rep_p50.size() / 2];
+  c["metrics"]["timing"]["samples_per_s"] = 64 / rep_p50[rep_p50.size() / 2];
+  c["metrics"]["memory"]["peak_bytes"] = peak;
+  c["metrics"]["quality"]["final_loss"] = loss;
+  json rates = json::array();
+  for (double t : rep_p50) rates.push_back(64 / t);
+  c["repetitions"] = {{"count", rep_p50.size()}, {"step_time_p50_s", rep_p50}, {"samples_per_s", rates}};
+  return c;
+}
+
+json report_of(std::vector<json> cells) {
+  return json{{"schema", reports::kSchema}, {"env", json::object()}, {"cells", cells}, {"recommendations", json::array()}};
+}
+
+const json& metric(const json& cmp, const std::string& cell, const std::string& name) {
+  for (const auto& c : cmp["cells"])
+    if (c["name"] == cell)
+      for (const auto& m : c["metrics"])
+        if (m["metric"] == name) return m;
+  static const json none;
+  ADD_FAILURE() << "no " << name << " for " << cell;
+  return none;
+}
+
+}  // namespace
+
+TEST(MannWhitney, ExactAndNormalTailsOfKnownCases) {
+  // 3 vs 3, every b above every a: 1 arrangement of C(6,3) = 20 has U = 9.
+  EXPECT_DOUBLE_EQ(mann_whitney_greater_p({1, 2, 3}, {4, 5, 6}), 1.0 / 20);
+  EXPECT_DOUBLE_EQ(mann_whitney_greater_p({4, 5, 6}, {1, 2, 3}), 1.0);
+  // 5 vs 5 separated: 1 / C(10,5) = 1/252.
+  EXPECT_DOUBLE_EQ(mann_whitney_greater_p({1, 2, 3, 4, 5}, {6, 7, 8, 9, 10}), 1.0 / 252);
+  // One swap (U = 8 of 9): arrangements with U >= 8 are 2 of 20.
+  EXPECT_DOUBLE_EQ(mann_whitney_greater_p({1, 2, 4}, {3, 5, 6}), 2.0 / 20);
+  // Large and tied samples take the normal approximation: identical samples give p ~ 0.5 or more,
+  // a clear shift a p far below 0.001.
+  std::vector<double> a, b;
+  for (int i = 0; i < 100; ++i) a.push_back(i % 10), b.push_back(i % 10 + 3);
+  EXPECT_GT(mann_whitney_greater_p(a, a), 0.45);
+  EXPECT_LT(mann_whitney_greater_p(a, b), 1e-3);
+  EXPECT_TRUE(std::isnan(mann_whitney_greater_p({}, {1.0})));
+}
+
+TEST(Compare, TimeMemoryQualityAndStatusRules) {
+  const json base = report_of({cell("steady", {1.00, 1.01, 0.99, 1.00, 1.02}, 1000, 1.0),
+                               cell("slower", {1.00, 1.01, 0.99, 0.995, 1.02}, 1000, 1.0),  // no ties: exact p
+                               cell("small", {1.00, 1.01, 0.99, 1.00, 1.02}, 1000, 1.0),
+                               cell("wild", {1.0, 1.6, 0.7, 1.3, 0.9}, 1000, 1.0),
+                               cell("memory", {1.00, 1.01, 0.99, 1.00, 1.02}, 1000, 1.0),
+                               cell("loss", {1.00, 1.01, 0.99, 1.00, 1.02}, 1000, 1.0),
+                               cell("broken", {1.00, 1.01, 0.99, 1.00, 1.02}, 1000, 1.0),
+                               cell("gone", {1.0, 1.0, 1.0}, 1000, 1.0)});
+  json broken = cell("broken", {1, 1, 1}, 1000, 1.0);
+  broken["status"] = "oom";
+  broken["reason"] = "out of memory in backward";
+  const json next = report_of({cell("steady", {1.01, 1.00, 0.99, 1.02, 1.00}, 1000, 1.0),
+                               cell("slower", {1.25, 1.26, 1.24, 1.27, 1.255}, 1000, 1.0),
+                               cell("small", {1.03, 1.04, 1.02, 1.03, 1.05}, 1000, 1.0),   // +3%: below 5%
+                               cell("wild", {1.3, 1.9, 1.0, 1.5, 1.2}, 1000, 1.0),          // +30% in 30% noise
+                               cell("memory", {1.00, 1.01, 0.99, 1.00, 1.02}, 1020, 1.0),   // +2% > 1%
+                               cell("loss", {1.00, 1.01, 0.99, 1.00, 1.02}, 1000, 1.05),    // +5% > 2%
+                               broken, cell("added", {1.0, 1.0, 1.0}, 1000, 1.0)});
+  const json cmp = reports::compare_reports(base, next);
+  EXPECT_EQ(metric(cmp, "steady", "step_time_p50")["verdict"], "same");
+  EXPECT_EQ(metric(cmp, "slower", "step_time_p50")["verdict"], "slower");
+  EXPECT_EQ(metric(cmp, "slower", "throughput")["verdict"], "slower");
+  EXPECT_NEAR(metric(cmp, "slower", "step_time_p50")["change"].get<double>(), 1.255 / 1.0 - 1, 1e-9);  // medians
+  EXPECT_EQ(metric(cmp, "slower", "step_time_p50")["p_value"].get<double>(), 1.0 / 252);
+  EXPECT_EQ(metric(cmp, "small", "step_time_p50")["verdict"], "same");
+  EXPECT_EQ(metric(cmp, "wild", "step_time_p50")["verdict"], "noisy");
+  EXPECT_EQ(metric(cmp, "memory", "peak_bytes")["verdict"], "worse");
+  EXPECT_EQ(metric(cmp, "loss", "final_loss")["verdict"], "worse");
+  EXPECT_EQ(metric(cmp, "broken", "status")["new"], "oom");
+  std::map<std::string, json> by_name;
+  for (const auto& c : cmp["cells"]) by_name[c["name"]] = c;
+  for (const char* regressed : {"slower", "memory", "loss", "broken"}) EXPECT_TRUE(by_name[regressed]["regression"]) << regressed;
+  for (const char* fine : {"steady", "small", "wild"}) EXPECT_FALSE(by_name[fine]["regression"]) << fine;
+  EXPECT_EQ(by_name["gone"]["verdict"], "missing");
+  EXPECT_EQ(by_name["added"]["verdict"], "new");
+  EXPECT_EQ(cmp["regressions"], 4);
+  // Faster is good news, not a regression; within-run samples alone need twice the minimum effect.
+  const json faster = reports::compare_reports(next, base);
+  EXPECT_EQ(metric(faster, "slower", "step_time_p50")["verdict"], "faster");
+  EXPECT_FALSE(metric(faster, "slower", "step_time_p50")["regression"]);
+}
+
+TEST(Compare, ExactLossAndTheEnvironmentFirst) {
+  json a = cell("c", {1, 1, 1}, 1000, 1.0), b = a;
+  a["metrics"]["quality"]["step_losses"] = {2.0, 1.5, 1.25};
+  b["metrics"]["quality"]["step_losses"] = {2.0, 1.5, 1.2500001};
+  json ra = report_of({a}), rb = report_of({b});
+  ra["env"] = {{"cpu", {{"model", "AMD EPYC"}}}, {"torch", {{"version", "2.11.0"}}}};
+  rb["env"] = {{"cpu", {{"model", "Intel Xeon"}}}, {"torch", {{"version", "2.11.0"}}}};
+  reports::CompareOptions o;
+  o.exact_loss = true;
+  const json cmp = reports::compare_reports(ra, rb, o);
+  EXPECT_EQ(metric(cmp, "c", "loss_curve")["first_different_step"], 2);
+  EXPECT_EQ(cmp["regressions"], 1);
+  ASSERT_EQ(cmp["env_diff"].size(), 1u);
+  EXPECT_EQ(cmp["env_diff"][0]["fact"], "cpu");
+  const std::string text = reports::render_compare_text(cmp, false);
+  EXPECT_EQ(text.rfind("environment differs", 0), 0u) << text;  // said first
+  EXPECT_EQ(reports::compare_reports(ra, ra, o)["regressions"], 0);
+}
+
+// Recorded runs of tests/data/compare/gate.toml on this kind of machine (5 repetitions per cell): the
+// first pair of scripts/measure-gate.sh's measurement, twice the same build and once with every step
+// made 25% slower. The gate passes the first pair and
+// catches the second, through the real CLI and its exit codes.
+TEST(Compare, RecordedAaPairPassesAndAn25PercentSlowdownIsCaught) {
+  const Result aa = ts("compare " + fixture("base.json") + " " + fixture("aa.json") + " --no-color");
+  EXPECT_EQ(aa.code, 0) << aa.out;
+  EXPECT_NE(aa.out.find("no regression"), std::string::npos) << aa.out;
+  const Result slow = ts("compare " + fixture("base.json") + " " + fixture("slow25.json") + " --no-color");
+  EXPECT_EQ(slow.code, 1) << slow.out;
+  EXPECT_NE(slow.out.find("2 cell(s) regressed"), std::string::npos) << slow.out;
+  // Markdown for a pull request, also appended to a GitHub job summary; JSON with every statistic.
+  const std::string summary = tmp("step-summary.md");
+  sh("rm -f " + summary);
+  const Result md = sh("GITHUB_STEP_SUMMARY=" + summary + " " + bin() + " compare " + fixture("base.json") + " " +
+                       fixture("slow25.json") + " --format md");
+  EXPECT_EQ(md.code, 1);
+  EXPECT_NE(md.out.find("| gpt-tiny | step_time_p50 |"), std::string::npos) << md.out;
+  EXPECT_NE(md.out.find("**slower** (regression)"), std::string::npos) << md.out;
+  std::ifstream f(summary);
+  const std::string appended((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(appended.find("### trainscope compare: 2 regression(s)"), std::string::npos) << appended;
+  const Result js = ts("compare " + fixture("base.json") + " " + fixture("slow25.json") + " --format json");
+  const json cmp = json::parse(js.out);
+  EXPECT_EQ(cmp["regressions"], 2);
+  for (const auto& c : cmp["cells"]) EXPECT_EQ(c["metrics"][0]["basis"], "repetitions") << c["name"];
+}
+
+TEST(Compare, BadReportsAreOneLineErrorsWithExit2) {
+  const std::string truncated = write("truncated.json", "{\"schema\": \"trainscope.report/1\", \"cells\": [");
+  const std::string foreign = write("foreign.json", "{\"benchmarks\": []}");
+  const std::string newer = write("newer.json", "{\"schema\": \"trainscope.report/2\", \"cells\": []}");
+  for (const auto& [path, expect] : std::vector<std::pair<std::string, std::string>>{
+           {truncated, "not valid JSON"}, {foreign, "not a trainscope report"}, {newer, "is not supported"}}) {
+    const Result r = ts("compare " + fixture("base.json") + " " + path);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find(expect), std::string::npos) << r.out;
+    EXPECT_EQ(lines(r.out), 1) << r.out;
+  }
+}
+
+TEST(Compare, BencherMetricFormatExport) {
+  const Result r = ts("export --bmf " + fixture("base.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json bmf = json::parse(r.out);
+  const json base = reports::read_report(fixture("base.json"));
+  for (const auto& c : base["cells"]) {
+    const json& m = bmf.at(c["name"].get<std::string>());
+    EXPECT_DOUBLE_EQ(m["latency"]["value"].get<double>(), c["metrics"]["timing"]["step_time_s"]["p50"].get<double>() * 1e9);
+    EXPECT_LE(m["latency"]["lower_value"].get<double>(), m["latency"]["value"].get<double>());
+    EXPECT_GE(m["latency"]["upper_value"].get<double>(), m["latency"]["value"].get<double>());
+    EXPECT_DOUBLE_EQ(m["peak-memory-bytes"]["value"].get<double>(), c["metrics"]["memory"]["peak_bytes"].get<double>());
+  }
+}
+
+// --repeat: every run in its own process, the cell carrying all of them; a run where every cell was
+// skipped is not a pass; every run leaves report.md and report.html beside report.json.
+TEST(Runs, RepetitionsNothingRanAndTheReportsForPeople) {
+  const SuiteRun run = run_suite_text("repeat", R"(
+name = "repeat"
+[base]
+model = "mlp-tiny"
+data = "synthetic-images"
+batch_size = 16
+warmup_steps = 1
+steps = 12
+eval = false
+[axes]
+precision = ["32-true", "bf16-mixed"]
+)", "--repeat 3");
+  ASSERT_EQ(run.result.code, 0) << run.result.out;
+  for (const auto& c : run.report["cells"]) {
+    const json& reps = c["repetitions"];
+    EXPECT_EQ(reps["count"], 3);
+    EXPECT_EQ(reps["step_time_p50_s"].size(), 3u);
+    EXPECT_GE(reps["spread"].get<double>(), 0.0);
+    // The median run stands for the cell.
+    std::vector<double> p50 = reps["step_time_p50_s"];
+    std::sort(p50.begin(), p50.end());
+    EXPECT_DOUBLE_EQ(c["metrics"]["timing"]["step_time_s"]["p50"].get<double>(), p50[1]);
+    EXPECT_EQ(c["metrics"]["timing"]["samples_s"]["step"].size(), 12u);  // every measured step kept
+  }
+  EXPECT_TRUE(std::ifstream(run.out + "/cells/32-true.rep2.json").good());  // its own process and files
+  EXPECT_EQ(validate_report(run.out + "/report.json").code, 0);
+
+  const std::string md = [&] {
+    std::ifstream f(run.out + "/report.md");
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  }();
+  EXPECT_NE(md.find("# trainscope report: repeat"), std::string::npos);
+  EXPECT_NE(md.find("## Precision x model: speed-up and numerics against 32-true"), std::string::npos) << md;
+  EXPECT_NE(md.find("| bf16-mixed | ok |"), std::string::npos) << md;
+
+  const SuiteRun skipped = run_suite_text("all-skipped", R"(
+name = "all-skipped"
+[base]
+model = "mlp-tiny"
+precision = "tf32"
+)");
+  EXPECT_EQ(skipped.result.code, 1) << skipped.result.out;
+  EXPECT_NE(skipped.result.out.find("every cell was skipped: nothing ran"), std::string::npos) << skipped.result.out;
+  ASSERT_FALSE(skipped.report.is_null());  // the report is still written
+  EXPECT_EQ(skipped.report["cells"][0]["status"], "skipped");
+}
+
+// report.html in headless Chromium, from disk, with the network off: every chart drawn with data and
+// no script error. The screenshot stays in the build folder (tests/scratch/cli/report.png) for people.
+TEST(Runs, TheHtmlReportDrawsEveryChartInARealBrowser) {
+  if (sh("command -v chromium").code != 0) GTEST_SKIP() << "no chromium (apt-get install chromium)";
+  if (!std::ifstream(reports::kChartJsPath).good()) GTEST_SKIP() << "no Chart.js (apt-get install libjs-chart.js)";
+  // A recorded report with loss curves, step times, memory, fp16 maps; a synthetic loss-scale trajectory
+  // and a parallel cell's communication make every kind of chart appear.
+  json report = reports::read_report(fixture("base.json"));
+  json scaled = report["cells"][0];
+  scaled["name"] = "mlp-tiny/16-mixed";
+  scaled["config"]["precision"] = "16-mixed";
+  scaled["metrics"]["overflow"]["scale_trajectory"] = {{0, 65536.0}, {1, 32768.0}, {2, 16384.0}};
+  scaled["metrics"]["overflow"]["steps"] = 20;
+  scaled["metrics"]["overflow"]["layers"] = {
+      {{"block", "fc0"},
+       {"activation", {{"frac_beyond_fp16", 0.0}, {"frac_below_fp16_normal", 0.001}}},
+       {"gradient", {{"frac_beyond_fp16", 0.02}, {"frac_below_fp16_normal", 0.4}}}}};
+  scaled["metrics"]["comm"] = {{"comm_time_s", 0.004}, {"exposed_comm_time_s", 0.001}};
+  report["cells"].push_back(scaled);
+  const std::string dir = tmp("html");
+  sh("rm -rf " + dir + " && mkdir -p " + dir);
+  reports::write_renderings(report, dir);
+  const std::string flags = "--headless --no-sandbox --disable-gpu --no-proxy-server --host-resolver-rules='MAP * ~NOTFOUND' "
+                            "--virtual-time-budget=10000 ";
+  const Result dom = sh("chromium " + flags + "--dump-dom file://" + dir + "/report.html 2>/dev/null");
+  ASSERT_EQ(dom.code, 0) << dom.out.substr(0, 2000);
+  const auto body = dom.out.find("<body");
+  ASSERT_NE(body, std::string::npos);
+  const std::string tag = dom.out.substr(body, dom.out.find('>', body) - body);
+  auto attr = [&](const std::string& name) {
+    const auto at = tag.find(name + "=\"");
+    return at == std::string::npos ? std::string("?") : tag.substr(at + name.size() + 2, tag.find('"', at + name.size() + 2) - at - name.size() - 2);
+  };
+  // Loss curves (2 models), loss scale, step times, memory, fp16 map, communication: 7 charts.
+  EXPECT_EQ(attr("data-charts-expected"), "7") << tag;
+  EXPECT_EQ(attr("data-charts-drawn"), attr("data-charts-expected")) << tag;
+  EXPECT_EQ(attr("data-errors"), "") << tag;
+  const std::string png = tmp("report.png");
+  sh("rm -f " + png + "; chromium " + flags + "--window-size=1280,4000 --screenshot=" + png + " file://" + dir +
+     "/report.html > /dev/null 2>&1");
+  std::ifstream shot(png, std::ios::binary);
+  std::string magic(8, '\0');
+  shot.read(&magic[0], 8);
+  EXPECT_EQ(magic.substr(1, 3), "PNG");
+}

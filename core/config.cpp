@@ -83,6 +83,8 @@ const std::vector<KeySpec>& config_keys() {
        "stop measuring after this many seconds of training (the cell records it; its numerics are compared at "
        "the steps it ran); 0: off", 0},
       {"log_every", KeyKind::Int, {}, 0, "loss-curve sampling interval; 0: about 50 points", 0},
+      {"trace", KeyKind::Bool, {}, false,
+       "write a Chrome Trace Event / Perfetto timeline of each rank (steps, phases, collectives, counters)"},
       {"eval", KeyKind::Bool, {}, true, "evaluate test accuracy after training (classifiers)"},
       {"inject", KeyKind::Choice,
        {"none", "crash", "abort", "hang", "throw", "same-data-seed", "skip-broadcast", "rank-dropout-seed", "slow:<pct>"},
@@ -241,6 +243,7 @@ static void for_each_field(Config& c, Visit&& v) {
   v("device", c.device);
   v("threads", c.threads);
   v("timeout_s", c.timeout_s);
+  v("trace", c.trace);
   v("time_budget_s", c.time_budget_s);
   v("log_every", c.log_every);
   v("eval", c.eval);

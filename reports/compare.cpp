@@ -182,6 +182,7 @@ std::vector<json> compare_quality(const json& b, const json& n, const CompareOpt
 std::string cell_key(const json& c) {
   json config = c.value("config", json::object());
   if (config.value("inject", "").rfind("slow:", 0) == 0) config["inject"] = "none";
+  config.erase("trace");  // recording a timeline is not another configuration
   return c.value("name", "") + "\x1f" + config.dump();
 }
 

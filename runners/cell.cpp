@@ -13,6 +13,7 @@
 #include "probes/overflow.hpp"
 #include "probes/rng.hpp"
 #include "probes/timing.hpp"
+#include "probes/trace.hpp"
 #include "reports/report.hpp"
 #include "suites/comm.hpp"
 #include "suites/train.hpp"
@@ -86,6 +87,13 @@ json quality_section(const suites::TrainOutcome& o) {
 
 }  // namespace
 
+std::string trace_path(const std::string& result_path) {
+  const std::string stem = result_path.size() > 5 && result_path.substr(result_path.size() - 5) == ".json"
+                               ? result_path.substr(0, result_path.size() - 5)
+                               : result_path;
+  return stem + ".trace.json";
+}
+
 std::string parameters_path(const std::string& result_path) {
   const std::string stem = result_path.size() > 5 && result_path.substr(result_path.size() - 5) == ".json"
                                ? result_path.substr(0, result_path.size() - 5)
@@ -156,6 +164,8 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
     const int threads = probes::configure_threads(want_threads);
 
     Hooks hooks;
+    // First, so that the timeline has the set-up collectives too.
+    if (config.trace) hooks.add(std::make_shared<probes::TraceProbe>(trace_path(result_path), rk.rank));
     std::unique_ptr<suites::Communicator> comm;
     if (rk.world > 1) {
       const bool cuda = device.rfind("cuda", 0) == 0;

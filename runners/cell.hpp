@@ -28,6 +28,8 @@ json merge_ranks(const std::vector<json>& cells);
 
 // Where save_parameters writes a rank's parameters: "<result without .json>.params.pt".
 std::string parameters_path(const std::string& result_path);
+// Where a rank's timeline goes (trace = true): the result's path with .trace.json.
+std::string trace_path(const std::string& result_path);
 
 // The result of a cell that never ran (skipped) or whose process died (failed, timeout).
 json cell_without_metrics(const std::string& name, const json& config, const std::string& device,

@@ -173,6 +173,13 @@ int cli_main(int argc, char** argv) {
   auto* report_cmd = app.add_subcommand("report", "Re-render the summary, report.md and report.html of a results folder from its JSON");
   report_cmd->add_option("dir", report_dir, "results folder or report.json")->required();
 
+  bool trace = false;
+  run_cmd->add_flag("--trace", trace, "write a Perfetto / Chrome trace per cell (traces/<cell>.json): steps, phases, "
+                                      "collectives, memory and loss-scale counters, one process per rank");
+  std::string trace_dir;
+  auto* trace_cmd = app.add_subcommand("trace", "Merge each cell's rank timelines of a results folder into traces/<cell>.json");
+  trace_cmd->add_option("dir", trace_dir, "results folder")->required();
+
   CompareArgs cmp;
   auto* compare_cmd = app.add_subcommand(
       "compare", "Compare two runs (reports or results folders): per cell and metric a verdict; exit 1 on a regression");
@@ -216,7 +223,7 @@ int cli_main(int argc, char** argv) {
     bool known = false;
     for (const auto* sub : app.get_subcommands({})) known = known || sub->check_name(word);
     if (!known) {
-      std::fprintf(stderr, "trainscope: error: unknown command '%s' (allowed: run, list, env, report, compare, export)\n", word.c_str());
+      std::fprintf(stderr, "trainscope: error: unknown command '%s' (allowed: run, list, env, report, compare, export, trace)\n", word.c_str());
       return 2;
     }
   }
@@ -248,6 +255,7 @@ int cli_main(int argc, char** argv) {
     }
     if (report_cmd->parsed()) return report_command(report_dir);
     if (compare_cmd->parsed()) return compare_command(cmp);
+    if (trace_cmd->parsed()) return trace_command(trace_dir);
     if (export_cmd->parsed()) {
       std::cout << reports::export_bmf(reports::read_report(export_report)).dump(2) << "\n";
       return 0;
@@ -257,6 +265,7 @@ int cli_main(int argc, char** argv) {
       if (!warmup.empty()) run.sets.emplace_back("warmup_steps", warmup);
       if (!seed.empty()) run.sets.emplace_back("seed", seed);
       if (!threads.empty()) run.sets.emplace_back("threads", threads);
+      if (trace) run.sets.emplace_back("trace", "true");
       for (const auto& kv : sets) run.sets.push_back(split_set(kv));
       return run_suite(run);
     }

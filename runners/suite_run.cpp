@@ -12,6 +12,7 @@
 #include "core/errors.hpp"
 #include "core/units.hpp"
 #include "probes/env.hpp"
+#include "probes/trace.hpp"
 #include "reports/render.hpp"
 #include "reports/report.hpp"
 #include "runners/cell.hpp"
@@ -185,6 +186,17 @@ json run_ranks(const std::string& name, const json& config, const std::string& d
   return cell;
 }
 
+// The cell's timeline: its ranks' trace files (the first repetition's) merged into traces/<cell>.json.
+void write_cell_trace(const std::string& out, const std::string& stem, int world) {
+  std::vector<std::string> files;
+  if (world > 1)
+    for (int r = 0; r < world; ++r) files.push_back(trace_path(stem + ".rank" + std::to_string(r) + ".json"));
+  else
+    files.push_back(trace_path(stem + ".json"));
+  fs::create_directories(out + "/traces");
+  probes::merge_traces(files, out + "/traces/" + fs::path(stem).filename().string() + ".json");
+}
+
 // N runs of one cell (each in its own process) as one cell: a run that did not end ok stands for the
 // cell; otherwise the run with the median step time does, with every run's figures in `repetitions`.
 json merge_repetitions(std::vector<json> runs) {
@@ -305,6 +317,23 @@ json run_frontier(const json& spec, const std::vector<suites::Cell>& cells, cons
 
 }  // namespace
 
+int trace_command(const std::string& dir) {
+  const json report = reports::read_report(dir);
+  const std::string out = fs::is_directory(dir) ? dir : fs::path(dir).parent_path().string();
+  int written = 0;
+  for (const auto& c : report["cells"]) {
+    const std::string stem = out + "/cells/" + file_stem(c["name"]);
+    const int world = c["config"].value("world_size", 1);
+    const bool any = fs::exists(trace_path(stem + ".json")) || fs::exists(trace_path(stem + ".rank0.json"));
+    if (!any) continue;
+    write_cell_trace(out, stem, world);
+    std::printf("%s/traces/%s.json\n", out.c_str(), file_stem(c["name"]).c_str());
+    ++written;
+  }
+  if (written == 0) throw UsageError(dir + ": no cell has a timeline (run with --trace)");
+  return 0;
+}
+
 int run_suite(const RunOptions& o) {
   suites::Suite suite = suites::load_suite(o.suite);
   if (!o.device.empty()) suites::apply_override(suite, "device", o.device);
@@ -398,6 +427,8 @@ int run_suite(const RunOptions& o) {
       ran_s += cell.value("wall_s", 0.0);
       ++ran;
     }
+    if (writer && c.config.trace && cell.value("status", "") != "skipped")
+      write_cell_trace(out, stem, static_cast<int>(c.config.world_size));
     if (writer) {
       results.push_back(cell);
       reports::write_json_atomic(report_path, reports::make_report(env, suite_json, results));

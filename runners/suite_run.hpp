@@ -19,6 +19,9 @@ struct RunOptions {
   int repeat = 0;             // --repeat: runs of each cell (0 keeps the suite's `repeat`)
 };
 
+// `trainscope trace DIR`: merges each cell's rank timelines into DIR/traces/<cell>.json.
+int trace_command(const std::string& dir);
+
 // Returns 0 when every cell is ok or skipped, 1 otherwise; the report is written either way.
 int run_suite(const RunOptions& options);
 

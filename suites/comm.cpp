@@ -162,7 +162,7 @@ void PendingCollective::wait() {
   const double done = finished_->load();
   const double exposed = launch_s_ + (t1 - t0);  // launching and waiting held the caller up
   const double seconds = std::max((done > launched_ ? std::min(done, t1) : t1) - launched_, exposed);
-  comm_->report(CollectiveInfo{op_, bytes_, comm_->world_size(), seconds, exposed, step_});
+  comm_->report(CollectiveInfo{op_, bytes_, comm_->world_size(), seconds, exposed, step_, launched_ + seconds});
 }
 
 void Communicator::reduce_scatter(torch::Tensor& shard, const torch::Tensor& full, bool average) {

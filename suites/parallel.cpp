@@ -192,7 +192,7 @@ class Ddp : public ParallelStrategy {
     const double exposed = std::max(0.0, std::min(backward_end, last_end) - last_launch);
     for (size_t i = 0; i < recs.size(); ++i) {
       CollectiveInfo c{"all-reduce", recs[i].bytes, comm_->world_size(), std::max(0.0, recs[i].end - recs[i].start),
-                       i + 1 == recs.size() ? exposed : 0.0, comm_->step()};
+                       i + 1 == recs.size() ? exposed : 0.0, comm_->step(), recs[i].end};
       comm_->report(c);
     }
   }

@@ -36,7 +36,7 @@ TEST(Cli, BadArgumentsAreOneLineErrorsWithExit2) {
       {"run --filter 'nothing-matches-this'", "no cell of suite 'quick' matches"},
       {"run --bogus", "--bogus"},
       {"report " + tmp("does-not-exist"), "cannot read"},
-      {"frobnicate", "unknown command 'frobnicate' (allowed: run, list, env, report, compare, export)"},
+      {"frobnicate", "unknown command 'frobnicate' (allowed: run, list, env, report, compare, export, trace)"},
       {"run --set inject=slow:abc", "unknown inject 'slow:abc'"},
       {"run --repeat 0", "--repeat"},
       // A device asked for that is not here: an error before anything runs, not an all-skipped pass.

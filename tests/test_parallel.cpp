@@ -7,7 +7,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -588,4 +590,53 @@ parallel = "ddp"
   EXPECT_EQ(cell["status"], "failed");
   EXPECT_NE(cell["reason"].get<std::string>().find("cannot serve the rendezvous store"), std::string::npos)
       << cell["reason"];
+}
+
+// --trace: one Perfetto / Chrome trace per cell, one process per rank, the events in the Trace Event
+// grammar, spans nested strictly on each track (Perfetto lays out nothing else), collectives on the
+// communication track with bytes and busbw, and `trainscope trace DIR` writing it again.
+TEST(Parallel, TraceHasOneProcessPerRankAndSpansNestPerTrack) {
+  const SuiteRun run = run_suite_text("trace", std::string(kLaunchedSuite), "--nproc 2 --trace");
+  ASSERT_EQ(run.result.code, 0) << run.result.out;
+  const std::string path = run.out + "/traces/launched.json";
+  const json trace = read_json(path);
+  std::map<std::pair<int, int>, std::vector<std::pair<double, double>>> spans;  // (pid, tid) -> [begin, end]
+  std::set<int> named_processes;
+  int collectives = 0, steps = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    const std::string ph = e.at("ph");
+    ASSERT_TRUE(ph == "X" || ph == "C" || ph == "M") << e.dump();
+    ASSERT_TRUE(e.at("pid").is_number_integer()) << e.dump();
+    ASSERT_TRUE(e.at("name").is_string()) << e.dump();
+    if (ph == "M" && e["name"] == "process_name") named_processes.insert(e["pid"].get<int>());
+    if (ph == "C") ASSERT_TRUE(e.at("ts").is_number() && e.at("args").is_object()) << e.dump();
+    if (ph != "X") continue;
+    ASSERT_GE(e.at("dur").get<double>(), 0.0);
+    spans[{e["pid"], e["tid"]}].emplace_back(e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>());
+    if (e["tid"] == 2) {
+      ++collectives;
+      EXPECT_GT(e["args"]["bytes"].get<int64_t>(), 0) << e.dump();
+      EXPECT_TRUE(e["args"].contains("busbw_gbps")) << e.dump();
+    }
+    if (e["name"].get<std::string>().rfind("ProfilerStep#", 0) == 0) ++steps;
+  }
+  EXPECT_EQ(named_processes, (std::set<int>{0, 1}));
+  EXPECT_EQ(steps, 2 * 5);  // 1 warm-up + 4 measured steps on each rank
+  EXPECT_GT(collectives, 0);
+  // Strict nesting per track: sorted by begin (longer first), every span lies inside the innermost
+  // open span or after it; 1 us of slack for the clock's rounding.
+  for (auto& [track, list] : spans) {
+    if (track.second == 2) continue;  // DDP's buckets overlap each other on the communication track
+    std::sort(list.begin(), list.end(), [](auto& a, auto& b) { return a.first < b.first || (a.first == b.first && a.second > b.second); });
+    std::vector<std::pair<double, double>> open;
+    for (const auto& s : list) {
+      while (!open.empty() && s.first >= open.back().second - 1) open.pop_back();
+      if (!open.empty()) EXPECT_LE(s.second, open.back().second + 1) << "track " << track.first << "/" << track.second;
+      open.push_back(s);
+    }
+  }
+  sh("rm -rf " + run.out + "/traces");
+  const Result again = ts("trace " + run.out);
+  EXPECT_EQ(again.code, 0) << again.out;
+  EXPECT_EQ(read_json(path)["traceEvents"].size(), trace["traceEvents"].size());
 }

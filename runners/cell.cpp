@@ -87,19 +87,18 @@ json quality_section(const suites::TrainOutcome& o) {
 
 }  // namespace
 
-std::string trace_path(const std::string& result_path) {
-  const std::string stem = result_path.size() > 5 && result_path.substr(result_path.size() - 5) == ".json"
-                               ? result_path.substr(0, result_path.size() - 5)
-                               : result_path;
-  return stem + ".trace.json";
+namespace {
+// A cell's (or rank's) result path without its .json: the stem its other files share.
+std::string result_stem(const std::string& result_path) {
+  return result_path.size() > 5 && result_path.substr(result_path.size() - 5) == ".json"
+             ? result_path.substr(0, result_path.size() - 5)
+             : result_path;
 }
+}  // namespace
 
-std::string parameters_path(const std::string& result_path) {
-  const std::string stem = result_path.size() > 5 && result_path.substr(result_path.size() - 5) == ".json"
-                               ? result_path.substr(0, result_path.size() - 5)
-                               : result_path;
-  return stem + ".params.pt";
-}
+std::string trace_path(const std::string& result_path) { return result_stem(result_path) + ".trace.json"; }
+
+std::string parameters_path(const std::string& result_path) { return result_stem(result_path) + ".params.pt"; }
 
 json cell_without_metrics(const std::string& name, const json& config, const std::string& device,
                           const std::string& status, const std::string& reason) {

@@ -53,7 +53,7 @@ venv=$("$here/torch-venv.sh")
 if [ -f "$venv/.trainscope-ok" ]; then
   echo "install-deps: torch $pin present in $venv"
 else
-  echo "install-deps: installing torch $pin from PyPI into $venv (about 4 GB downloaded, 4.6 GB on disk)"
+  echo "install-deps: installing torch $pin from PyPI into $venv (about 4 GB downloaded, 4.7 GB on disk)"
   start=$(date +%s)
   rm -rf "$venv"
   mkdir -p "$(dirname "$venv")"

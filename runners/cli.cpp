@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -86,11 +87,9 @@ int list_command() {
 int report_command(const std::string& dir) {
   const json report = reports::read_report(dir);
   // Re-rendered from the JSON alone, next to it.
-  std::string folder = dir;
-  if (folder.size() > 5 && folder.substr(folder.size() - 5) == ".json") {
-    const size_t slash = folder.find_last_of('/');
-    folder = slash == std::string::npos ? "." : folder.substr(0, slash);
-  }
+  namespace fs = std::filesystem;
+  std::string folder = fs::is_directory(dir) ? dir : fs::path(dir).parent_path().string();
+  if (folder.empty()) folder = ".";
   reports::write_renderings(report, folder);
   std::printf("suite %s, created %s, trainscope %s (%s)\n\n", report["suite"].value("name", "?").c_str(),
               report["created"].get<std::string>().c_str(), report["trainscope"].value("version", "?").c_str(),

@@ -423,7 +423,11 @@ int run_suite(const RunOptions& o) {
       }
       if (suite.repeat > 1) std::printf(" -> ");
       cell = merge_repetitions(runs);
-      if (writer && suite.repeat > 1) reports::write_json_atomic(stem + ".json", cell);
+      if (writer && suite.repeat > 1) {
+        // The first run's own result keeps its name with .rep0; the cell's file becomes the merged one.
+        if (fs::exists(stem + ".json")) fs::copy_file(stem + ".json", stem + ".rep0.json", fs::copy_options::overwrite_existing);
+        reports::write_json_atomic(stem + ".json", cell);
+      }
       ran_s += cell.value("wall_s", 0.0);
       ++ran;
     }

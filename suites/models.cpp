@@ -214,7 +214,7 @@ class DecoderBlock : public nn::Module {
     fc_ = register_module("fc", nn::Linear(d, 4 * d));
     fc_proj_ = register_module("fc_proj", nn::Linear(4 * d, d));
   }
-  // x stays fp32 (the residual stream): LayerNorm is always fed fp32, which 1.13's CPU autocast needs.
+  // x stays fp32 (the residual stream): LayerNorm is always fed fp32, as autocast's fp32 list wants.
   torch::Tensor forward(const torch::Tensor& x) {
     const int64_t B = x.size(0), S = x.size(1), D = x.size(2), Dh = D / heads_;
     const auto qkv = qkv_->forward(ln1_->forward(x));

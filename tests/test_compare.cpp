@@ -211,6 +211,8 @@ precision = ["32-true", "bf16-mixed"]
     EXPECT_EQ(c["metrics"]["timing"]["samples_s"]["step"].size(), 12u);  // every measured step kept
   }
   EXPECT_TRUE(std::ifstream(run.out + "/cells/32-true.rep2.json").good());  // its own process and files
+  EXPECT_EQ(read_json(run.out + "/cells/32-true.rep0.json")["status"], "ok");  // the first run's own result kept
+  EXPECT_EQ(read_json(run.out + "/cells/32-true.json")["repetitions"]["count"], 3);  // the cell's file: merged
   EXPECT_EQ(validate_report(run.out + "/report.json").code, 0);
 
   const std::string md = [&] {

@@ -141,7 +141,7 @@ TEST(Data, IdxReaderChecksTheFile) {
 }
 
 TEST(Precision, AutocastGuardClearsTheCastCacheEachStep) {
-  // Under 1.13's CPU autocast a bf16 copy of a weight is cached; after an in-place update the next
+  // Under CPU autocast a bf16 copy of a weight is cached; after an in-place update the next
   // forward must see the new weight, which only holds if the guard clears the cache on exit.
   torch::manual_seed(0);
   torch::nn::Linear lin(8, 8);

@@ -3,7 +3,7 @@
 //                          [--implementation default|native|emulated|both]
 // All-reduce, all-gather and reduce-scatter from min to max bytes (x4 per row); time is the slowest
 // rank's mean over the iterations; algbw = size / time, busbw = algbw x nccl-tests' factor
-// (probes/comm.hpp). Sizes follow nccl-tests: the per-rank buffer for all-reduce, the full buffer for
+// (probes/distributed/comm.hpp). Sizes follow nccl-tests: the per-rank buffer for all-reduce, the full buffer for
 // all-gather and reduce-scatter. On Gloo, all-gather and reduce-scatter run natively or emulated
 // (suites/comm.hpp); `both` measures the two, row by row, which is how the default was chosen.
 #include <sys/wait.h>
@@ -15,8 +15,8 @@
 #include <CLI/CLI.hpp>
 
 #include "core/units.hpp"
-#include "probes/comm.hpp"
-#include "runners/launch.hpp"
+#include "probes/distributed/comm.hpp"
+#include "runners/process/launch.hpp"
 #include "suites/comm.hpp"
 
 using namespace trainscope;

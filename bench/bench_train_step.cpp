@@ -9,10 +9,10 @@
 #include <chrono>
 #include <numeric>
 
-#include "probes/env.hpp"
-#include "probes/memory.hpp"
-#include "probes/overflow.hpp"
-#include "probes/timing.hpp"
+#include "probes/device/env.hpp"
+#include "probes/step/memory.hpp"
+#include "probes/numerics/overflow.hpp"
+#include "probes/step/timing.hpp"
 #include "suites/train.hpp"
 
 using namespace trainscope;

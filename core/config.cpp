@@ -52,6 +52,10 @@ const std::vector<KeySpec>& config_keys() {
       {"rng_every", KeyKind::Int, {}, 10, "multi-rank: fingerprint RNG streams and parameters every k steps", 1},
       {"save_parameters", KeyKind::Bool, {}, false,
        "write every rank's final parameters (full, gathered) next to the cell result, for comparisons"},
+      {"parity_dump", KeyKind::Bool, {}, false,
+       "write <cell>.parity.pt (initial and final parameters, batches, RNG state, first gradients) for `trainscope parity`"},
+      {"initial_parameters", KeyKind::String, {}, "",
+       "start from the parameters in this file (torch.save of a name -> tensor dict, or a parity dump); empty: from the seed"},
       {"checkpoint", KeyKind::String, {}, "none", "activation checkpointing: none, full, every:<k>, selective"},
       {"checkpoint_check", KeyKind::Bool, {}, false,
        "compare every recomputed block output with the original (determinism check)"},
@@ -220,6 +224,8 @@ static void for_each_field(Config& c, Visit&& v) {
   v("augment", c.augment);
   v("rng_every", c.rng_every);
   v("save_parameters", c.save_parameters);
+  v("parity_dump", c.parity_dump);
+  v("initial_parameters", c.initial_parameters);
   v("checkpoint", c.checkpoint);
   v("checkpoint_check", c.checkpoint_check);
   v("dropout", c.dropout);

@@ -47,6 +47,8 @@ struct RunConfig {
   bool augment = false;
   int64_t rng_every = 10;
   bool save_parameters = false;
+  bool parity_dump = false;  // write what a PyTorch-side reference needs to replay the run (tests/parity)
+  std::string initial_parameters;  // a name -> tensor file (torch.save) to start from; "": the seed's weights
   std::string checkpoint = "none";
   bool checkpoint_check = false;
   double dropout = 0.0;
@@ -68,7 +70,7 @@ struct RunConfig {
   std::string device = "auto";
   int64_t threads = 0;  // 0: one per core
   double timeout_s = 600;
-  bool trace = false;  // per-rank timeline files (probes/trace.hpp)
+  bool trace = false;  // per-rank timeline files (probes/trace/trace.hpp)
   double time_budget_s = 0;  // 0: run every step; else stop the measured steps after this much training
   int64_t log_every = 0;  // 0: about 50 points on the loss curve
   bool eval = true;

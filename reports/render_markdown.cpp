@@ -39,6 +39,65 @@ void md_table(std::ostringstream& out, const json& columns, const json& rows) {
   }
 }
 
+// A compared value in a table cell: numbers as they are, a curve or trajectory by its length and
+// ends, a dict by its first entries.
+std::string compact(const json& v) {
+  if (v.is_null()) return "-";
+  if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
+  if (v.is_number()) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.6g", v.get<double>());
+    return buf;
+  }
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_array()) {
+    if (v.empty()) return "[]";
+    if (v.size() <= 4) return v.dump();
+    return std::to_string(v.size()) + " values, " + compact(v.front()) + " .. " + compact(v.back());
+  }
+  if (v.is_object()) {
+    std::string out;
+    size_t n = 0;
+    for (auto it = v.begin(); it != v.end() && n < 3; ++it, ++n) out += (n ? ", " : "") + it.key() + "=" + compact(it.value());
+    return v.size() > 3 ? out + ", ..." : out;
+  }
+  return v.dump();
+}
+
+void parity_tables(const json& report, json& tables) {
+  json summary = json::array(), details = json::array();
+  for (const auto& c : report["cells"]) {
+    if (!c.contains("parity")) continue;
+    const json& p = c["parity"];
+    const std::string name = c["name"];
+    int exact = 0, within = 0, design = 0, differs = 0;
+    for (const auto& k : p.value("checks", json::array())) {
+      const std::string v = k.value("verdict", "");
+      (v == "exact" ? exact : v == "within" ? within : v == "design-difference" ? design : differs) += 1;
+      std::string note = k.value("note", "");
+      if (k.contains("tolerance") && v == "within")
+        note = "tolerance " + compact(k["tolerance"]) + (k.contains("tolerance_from") ? ": " + k.value("tolerance_from", "") : "");
+      details.push_back({name, k.value("name", "?"), compact(k.value("trainscope", json())), compact(k.value("pytorch", json())),
+                         compact(k.value("difference", json())), v, note});
+    }
+    const json t = p.value("step_time_s", json::object());
+    summary.push_back({name, p.value("reference", p.value("reason", "-")), p.value("verdict", "?"),
+                       std::to_string(exact) + " / " + std::to_string(within) + " / " + std::to_string(design) + " / " +
+                           std::to_string(differs),
+                       text_or_dash(t.value("trainscope", json()), [](double x) { return format_seconds(x); }),
+                       text_or_dash(t.value("pytorch", json()), [](double x) { return format_seconds(x); }),
+                       text_or_dash(t.value("ratio", json()), [](double x) { return format_fixed(x, 2) + "x"; })});
+  }
+  if (summary.empty()) return;
+  tables.push_back({{"title", "Parity with PyTorch: each technique against PyTorch's own implementation"},
+                    {"columns", {"cell", "PyTorch reference", "verdict", "exact / within / design / differs",
+                                 "step p50 trainscope", "step p50 PyTorch", "trainscope / PyTorch"}},
+                    {"rows", summary}});
+  tables.push_back({{"title", "Parity with PyTorch: every comparison"},
+                    {"columns", {"cell", "compared", "trainscope", "PyTorch", "difference", "verdict", "why"}},
+                    {"rows", details}});
+}
+
 }  // namespace
 
 json technique_tables(const json& report) {
@@ -106,6 +165,7 @@ json technique_tables(const json& report) {
                       {"columns", {"configuration", "budget", "largest batch", "throughput", "peak memory"}},
                       {"rows", rows}});
   }
+  parity_tables(report, tables);
   return tables;
 }
 

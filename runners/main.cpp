@@ -1,3 +1,3 @@
-#include "runners/cli.hpp"
+#include "runners/commands/cli.hpp"
 
 int main(int argc, char** argv) { return trainscope::runners::cli_main(argc, argv); }

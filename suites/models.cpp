@@ -204,6 +204,11 @@ class Cnn : public ReferenceModel {
 };
 
 // ---- GPT-style decoder ----------------------------------------------------------------------------
+// aten::linear, as PyTorch's nn.Linear runs it: one addmm over the folded [B*S, D] input. LibTorch's
+// C++ nn::Linear runs matmul then `+= bias` for inputs of more than two dimensions, which rounds
+// differently (the parity suite caught it: last-bit differences in every gradient).
+torch::Tensor linear(const nn::Linear& layer, const torch::Tensor& x) { return torch::linear(x, layer->weight, layer->bias); }
+
 class DecoderBlock : public nn::Module {
  public:
   DecoderBlock(int64_t d, int64_t heads, double dropout) : heads_(heads), dropout_(dropout) {
@@ -217,7 +222,7 @@ class DecoderBlock : public nn::Module {
   // x stays fp32 (the residual stream): LayerNorm is always fed fp32, as autocast's fp32 list wants.
   torch::Tensor forward(const torch::Tensor& x) {
     const int64_t B = x.size(0), S = x.size(1), D = x.size(2), Dh = D / heads_;
-    const auto qkv = qkv_->forward(ln1_->forward(x));
+    const auto qkv = linear(qkv_, ln1_->forward(x));
     // The attention core: the S x S scores, softmax and dropout live only in here.
     auto core = [this, B, S, D, Dh](const torch::Tensor& packed) {
       auto heads = packed.view({B, S, 3, heads_, Dh}).permute({2, 0, 3, 1, 4});
@@ -230,8 +235,8 @@ class DecoderBlock : public nn::Module {
     };
     const bool recompute_core = policy_.kind == CheckpointPolicy::Kind::Selective && is_training() && torch::GradMode::is_enabled();
     auto y = recompute_core ? checkpoint(core, qkv, {}, policy_.restore_rng, policy_.check) : core(qkv);
-    auto h = x + torch::dropout(proj_->forward(y), dropout_, is_training());
-    auto m = fc_proj_->forward(torch::gelu(fc_->forward(ln2_->forward(h))));
+    auto h = x + torch::dropout(linear(proj_, y), dropout_, is_training());
+    auto m = linear(fc_proj_, torch::gelu(linear(fc_, ln2_->forward(h))));
     return h + torch::dropout(m, dropout_, is_training());
   }
   void set_policy(const CheckpointPolicy& p) { policy_ = p; }
@@ -268,7 +273,7 @@ class Gpt : public ReferenceModel {
       h = boundary("block" + std::to_string(i), h);
     }
     // The LM head is tied to the token embedding (GPT-2), so gpt-125m has GPT-2 small's 124M.
-    return boundary("head", torch::nn::functional::linear(ln_f_->forward(h), tok_->weight));
+    return boundary("head", torch::linear(ln_f_->forward(h), tok_->weight));
   }
   std::vector<torch::nn::Module*> blocks() override {
     std::vector<torch::nn::Module*> out;

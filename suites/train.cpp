@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <fstream>
+#include <iterator>
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -64,6 +66,34 @@ std::string unsupported_reason(const RunConfig& c, const std::string& device) {
   return "";
 }
 
+void load_parameters(torch::nn::Module& model, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError("initial_parameters: cannot read '" + path + "'");
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  c10::IValue loaded;
+  try {
+    loaded = torch::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    throw UsageError("initial_parameters: '" + path + "' is not a torch.save file: " +
+                     std::string(e.what()).substr(0, std::string(e.what()).find('\n')));
+  }
+  if (!loaded.isGenericDict()) throw UsageError("initial_parameters: '" + path + "' holds no name -> tensor dict");
+  c10::impl::GenericDict dict = loaded.toGenericDict();
+  if (dict.contains("initial") && dict.at("initial").isGenericDict()) dict = dict.at("initial").toGenericDict();
+  torch::NoGradGuard no_grad;
+  for (auto& item : model.named_parameters()) {
+    const std::string& name = item.key();
+    torch::Tensor& param = item.value();
+    if (!dict.contains(name) || !dict.at(name).isTensor())
+      throw UsageError("initial_parameters: '" + path + "' has no tensor '" + name + "'");
+    const torch::Tensor t = dict.at(name).toTensor();
+    if (t.sizes() != param.sizes())
+      throw UsageError("initial_parameters: '" + name + "' has shape " + c10::str(t.sizes()) + " in '" + path +
+                       "', the model's is " + c10::str(param.sizes()));
+    param.copy_(t);
+  }
+}
+
 Trainer::Trainer(const RunConfig& config, const std::string& device, Communicator* comm)
     : config_(config), device_(device), preset_(model_preset(config.model)),
       mode_(precision_mode(config.precision, device, config.fp16)), rank_(comm ? comm->rank() : 0),
@@ -80,6 +110,12 @@ Trainer::Trainer(const RunConfig& config, const std::string& device, Communicato
   data_ = make_data(config.data, preset_, config.seed);
   model_ = make_model(preset_, data_->shape());
   model_->to(device_, mode_.param_dtype);
+  if (!config.initial_parameters.empty()) load_parameters(*model_, config.initial_parameters);
+  if (config.parity_dump && rank_ == 0) {
+    // Before the strategy shards anything; rank 0's weights are what the broadcast gives every rank.
+    parity_ = std::make_unique<ParityRecord>();
+    for (const auto& item : model_->named_parameters()) parity_->initial.emplace_back(item.key(), item.value().detach().to(torch::kCPU).clone());
+  }
   if (skip_broadcast) torch::manual_seed(static_cast<uint64_t>(config.seed));  // only the weights differ
   CheckpointPolicy policy = CheckpointPolicy::parse(config.checkpoint);
   policy.check = config.checkpoint_check;
@@ -129,6 +165,7 @@ RunInfo Trainer::info() const {
 torch::Tensor Trainer::boundary(const std::string& block, torch::Tensor x) {
   torch::Tensor y = mode_.emulated ? round_through_fp16(x) : x;
   if (current_step_ < 0) return y;
+  if (parity_ && current_step_ == 0) parity_->block_dtypes.emplace_back(block, c10::toString(x.scalar_type()));
   for (BlockObserver* obs : observers_) {
     if (!obs->wants(current_step_)) continue;
     obs->activation(current_step_, block, x.detach());
@@ -150,6 +187,10 @@ void Trainer::set_lr(double lr) {
 Batch Trainer::rank_batch(int64_t step, torch::Tensor* flips) {
   const int64_t B = config_.batch_size;
   Batch b = data_->train_batch(step, B * world_);
+  if (parity_) {
+    parity_->inputs.push_back(b.input.to(torch::kCPU).clone());
+    parity_->targets.push_back(b.target.to(torch::kCPU).clone());
+  }
   if (world_ > 1) {
     const int64_t slice = config_.inject == "same-data-seed" ? 0 : rank_;
     b.input = b.input.narrow(0, slice * B, B);
@@ -197,13 +238,24 @@ torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
   if (Communicator* c = strategy_->comm()) c->set_step(step);
   torch::Tensor flips;
   Batch batch = rank_batch(step, &flips);  // data time is not part of the step
-  if (hooks.wants_fingerprints(step)) fingerprints(step, batch, flips, hooks);
+  if (hooks.wants_fingerprints(step)) {
+    // The probe's own collectives (zero3 gathers its shards to fingerprint them) are not the step's
+    // communication: they are recorded as outside the steps.
+    if (Communicator* c = strategy_->comm()) c->set_step(-1);
+    fingerprints(step, batch, flips, hooks);
+    if (Communicator* c = strategy_->comm()) c->set_step(step);
+  }
   batch.input = batch.input.to(device_, /*non_blocking=*/true);
   if (batch.input.is_floating_point()) batch.input = batch.input.to(mode_.param_dtype);
   batch.target = batch.target.to(device_, /*non_blocking=*/true);
   observers_ = hooks.block_observers();
   current_step_ = step;
 
+  if (parity_ && step == 0) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    parity_->rng_state = gen.get_state();
+  }
   hooks.step_begin(si);
   strategy_->zero_grad(*optimizer_);
   if (weight_rounding_) weight_rounding_->round();
@@ -226,6 +278,10 @@ torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
   if (weight_rounding_) weight_rounding_->restore();
   strategy_->reduce_gradients();
   hooks.backward_end(si);
+  if (parity_ && step == 0 && !strategy_->comm())
+    for (const auto& item : model_->named_parameters())
+      if (item.value().grad().defined())
+        parity_->first_grads.emplace_back(item.key(), item.value().grad().detach().to(torch::kCPU).clone());
 
   if (scaler_) {
     si.grads_nonfinite = scaler_->unscale(opt_params_);
@@ -244,6 +300,10 @@ torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
     strategy_->after_step();
     ++applied_steps_;
     set_lr(scheduled_lr(config_.lr_schedule, config_.lr, applied_steps_, config_.warmup_steps + config_.steps));
+  }
+  if (parity_ && scaler_) {
+    parity_->scales.push_back(si.loss_scale);
+    parity_->found_inf.push_back(si.grads_nonfinite);
   }
   if (scaler_) scaler_->update(si.grads_nonfinite);
   hooks.optimizer_end(si);

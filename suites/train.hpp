@@ -35,6 +35,22 @@ std::string unsupported_reason(const RunConfig& c, const std::string& device);
 // Why a resolved device ("cpu", "cuda:i") is not there ("" when it is).
 std::string device_unavailable(const std::string& device);
 
+// What a PyTorch-side reference (tests/parity) needs to replay a run: the weights it started from,
+// every global batch, the CPU generator before the first forward (dropout masks), step 0's
+// gradients, the loss-scale pattern and the dtype each block's output had. Kept when parity_dump is on.
+struct ParityRecord {
+  std::vector<std::pair<std::string, torch::Tensor>> initial, first_grads;
+  std::vector<torch::Tensor> inputs, targets;
+  torch::Tensor rng_state;
+  std::vector<double> scales;
+  std::vector<bool> found_inf;
+  std::vector<std::pair<std::string, std::string>> block_dtypes;
+};
+
+// Loads a name -> tensor file written by Python's torch.save (or a parity dump: its "initial") into
+// the model's parameters; UsageError on a missing name or a shape that differs.
+void load_parameters(torch::nn::Module& model, const std::string& path);
+
 class Trainer {
  public:
   // comm: the rank's communicator (null for a single process). Each rank trains on its slice of the
@@ -58,6 +74,7 @@ class Trainer {
   const PrecisionMode& mode() const { return mode_; }
   GradScaler* scaler() { return scaler_.get(); }
   int64_t applied_steps() const { return applied_steps_; }
+  const ParityRecord* parity() const { return parity_.get(); }
 
  private:
   torch::Tensor boundary(const std::string& block, torch::Tensor x);
@@ -81,6 +98,7 @@ class Trainer {
   std::vector<BlockObserver*> observers_;  // set per step from the hooks
   int64_t current_step_ = -1;              // -1 outside training steps (evaluation)
   int64_t applied_steps_ = 0;              // optimizer steps taken (skipped ones not counted)
+  std::unique_ptr<ParityRecord> parity_;   // parity_dump only
 };
 
 // Runs warm-up + measured steps with the hooks, then evaluates. A loss that turns non-finite and

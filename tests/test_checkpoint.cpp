@@ -2,8 +2,8 @@
 #include <gtest/gtest.h>
 
 #include "core/errors.hpp"
-#include "probes/memory.hpp"
-#include "runners/frontier.hpp"
+#include "probes/step/memory.hpp"
+#include "runners/commands/frontier.hpp"
 #include "suites/checkpoint.hpp"
 #include "suites/models.hpp"
 

@@ -16,9 +16,9 @@
 #include <gtest/gtest.h>
 
 #include "cli_support.hpp"
-#include "probes/comm.hpp"
-#include "probes/rng.hpp"
-#include "runners/launch.hpp"
+#include "probes/distributed/comm.hpp"
+#include "probes/distributed/rng.hpp"
+#include "runners/process/launch.hpp"
 #include "suites/parallel.hpp"
 #include "test_support.hpp"
 

@@ -3,7 +3,7 @@
 
 #include <map>
 
-#include "probes/overflow.hpp"
+#include "probes/numerics/overflow.hpp"
 #include "reports/report.hpp"
 #include "suites/precision.hpp"
 #include "suites/train.hpp"

@@ -3,10 +3,10 @@
 #include <torch/torch.h>
 
 #include "core/stats.hpp"
-#include "probes/env.hpp"
-#include "probes/gpu.hpp"
-#include "probes/memory.hpp"
-#include "probes/timing.hpp"
+#include "probes/device/env.hpp"
+#include "probes/device/gpu.hpp"
+#include "probes/step/memory.hpp"
+#include "probes/step/timing.hpp"
 
 using namespace trainscope;
 using namespace trainscope::probes;

@@ -1,4 +1,4 @@
-#include "probes/comm.hpp"
+#include "probes/distributed/comm.hpp"
 
 #include <chrono>
 #include <stdexcept>

@@ -1,4 +1,4 @@
-#include "runners/isolation.hpp"
+#include "runners/process/isolation.hpp"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -1,4 +1,4 @@
-#include "probes/timing.hpp"
+#include "probes/step/timing.hpp"
 
 #include <chrono>
 

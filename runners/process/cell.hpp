@@ -28,6 +28,8 @@ json merge_ranks(const std::vector<json>& cells);
 
 // Where save_parameters writes a rank's parameters: "<result without .json>.params.pt".
 std::string parameters_path(const std::string& result_path);
+// Where parity_dump writes rank 0's record: "<result without .json>.parity.pt" (tests/parity reads it).
+std::string parity_dump_path(const std::string& result_path);
 // Where a rank's timeline goes (trace = true): the result's path with .trace.json.
 std::string trace_path(const std::string& result_path);
 

@@ -1,7 +1,7 @@
 #pragma once
 // CUDA pieces that need only the toolkit (not a CUDA LibTorch): the GPU inventory with CUDA, cuDNN,
-// NCCL and CUPTI versions, and NVTX ranges around the training phases. Built in probes/gpu_cuda.cpp
-// when CMake finds the toolkit, else probes/gpu_none.cpp; whether a device exists is decided at run
+// NCCL and CUPTI versions, and NVTX ranges around the training phases. Built in probes/device/gpu_cuda.cpp
+// when CMake finds the toolkit, else probes/device/gpu_none.cpp; whether a device exists is decided at run
 // time, so a build with the toolkit on a machine without a driver reports "no device" and goes on.
 #include <memory>
 

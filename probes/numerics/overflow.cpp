@@ -1,4 +1,4 @@
-#include "probes/overflow.hpp"
+#include "probes/numerics/overflow.hpp"
 
 #include <algorithm>
 #include <cmath>

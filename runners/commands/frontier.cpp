@@ -1,4 +1,4 @@
-#include "runners/frontier.hpp"
+#include "runners/commands/frontier.hpp"
 
 #include <algorithm>
 

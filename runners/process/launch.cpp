@@ -1,4 +1,4 @@
-#include "runners/launch.hpp"
+#include "runners/process/launch.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

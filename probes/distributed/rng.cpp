@@ -1,4 +1,4 @@
-#include "probes/rng.hpp"
+#include "probes/distributed/rng.hpp"
 
 #include <algorithm>
 #include <cstdio>

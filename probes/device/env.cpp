@@ -1,4 +1,4 @@
-#include "probes/env.hpp"
+#include "probes/device/env.hpp"
 
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -15,7 +15,7 @@
 #include <torch/torch.h>
 
 #include "core/build_info.hpp"
-#include "probes/gpu.hpp"
+#include "probes/device/gpu.hpp"
 
 namespace trainscope::probes {
 namespace {

@@ -1,19 +1,21 @@
-#include "runners/cell.hpp"
+#include "runners/process/cell.hpp"
 
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "core/errors.hpp"
-#include "probes/comm.hpp"
-#include "probes/env.hpp"
-#include "probes/gpu.hpp"
-#include "probes/memory.hpp"
-#include "probes/overflow.hpp"
-#include "probes/rng.hpp"
-#include "probes/timing.hpp"
-#include "probes/trace.hpp"
+#include "probes/distributed/comm.hpp"
+#include "probes/device/env.hpp"
+#include "probes/device/gpu.hpp"
+#include "probes/step/memory.hpp"
+#include "probes/numerics/overflow.hpp"
+#include "probes/distributed/rng.hpp"
+#include "probes/step/timing.hpp"
+#include "probes/trace/trace.hpp"
 #include "reports/report.hpp"
 #include "suites/comm.hpp"
 #include "suites/train.hpp"
@@ -99,6 +101,43 @@ std::string result_stem(const std::string& result_path) {
 std::string trace_path(const std::string& result_path) { return result_stem(result_path) + ".trace.json"; }
 
 std::string parameters_path(const std::string& result_path) { return result_stem(result_path) + ".params.pt"; }
+std::string parity_dump_path(const std::string& result_path) { return result_stem(result_path) + ".parity.pt"; }
+
+namespace {
+c10::impl::GenericDict named_dict(const std::vector<std::pair<std::string, torch::Tensor>>& named) {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::TensorType::get());
+  for (const auto& [name, t] : named) d.insert(name, t);
+  return d;
+}
+
+// In Python's torch.save format (torch.load reads it with weights_only=True).
+void write_parity_dump(const std::string& path, const suites::ParityRecord& rec,
+                       const std::vector<std::pair<std::string, torch::Tensor>>& final_params,
+                       const std::vector<double>& step_losses) {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("initial", named_dict(rec.initial));
+  d.insert("final", named_dict(final_params));
+  d.insert("first_grads", named_dict(rec.first_grads));
+  d.insert("inputs", torch::stack(rec.inputs));
+  d.insert("targets", torch::stack(rec.targets));
+  d.insert("rng_state", rec.rng_state);
+  d.insert("step_losses", torch::tensor(step_losses, torch::kDouble));
+  d.insert("scales", torch::tensor(rec.scales, torch::kDouble));
+  std::vector<int64_t> inf(rec.found_inf.begin(), rec.found_inf.end());
+  d.insert("found_inf", torch::tensor(inf, torch::kLong));
+  c10::Dict<std::string, std::string> dtypes;
+  for (const auto& [block, dtype] : rec.block_dtypes) dtypes.insert(block, dtype);
+  d.insert("block_dtypes", dtypes);
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(d));
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out) throw std::runtime_error("cannot write " + tmp);
+  }
+  std::filesystem::rename(tmp, path);
+}
+}  // namespace
 
 json cell_without_metrics(const std::string& name, const json& config, const std::string& device,
                           const std::string& status, const std::string& reason) {
@@ -121,6 +160,7 @@ json merge_ranks(const std::vector<json>& cells) {
                      {"samples_per_s_per_device", reports::value_at(m, {"timing", "samples_per_s_per_device"})},
                      {"peak_bytes", reports::value_at(m, {"memory", "peak_bytes"})},
                      {"model_state_bytes", reports::value_at(m, {"memory", "model_state_total_bytes"})},
+                     {"model_state_parts", reports::value_at(m, {"memory", "model_state_bytes"})},
                      {"comm_time_s", reports::value_at(m, {"comm", "comm_time_s"})},
                      {"exposed_comm_time_s", reports::value_at(m, {"comm", "exposed_comm_time_s"})}});
     if (p50.is_number()) {
@@ -223,6 +263,16 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
       std::vector<torch::Tensor> params;
       for (const auto& p : trainer.full_parameters()) params.push_back(p.detach().to(torch::kCPU, torch::kFloat).clone());
       torch::save(params, parameters_path(result_path));
+    }
+    if (config.parity_dump) {
+      std::vector<std::pair<std::string, torch::Tensor>> final_params;
+      trainer.full_parameters();  // a collective under zero3: every rank takes part
+      for (const auto& item : trainer.model().named_parameters())
+        final_params.emplace_back(item.key(), item.value().detach().to(torch::kCPU).clone());
+      if (const suites::ParityRecord* rec = trainer.parity()) {
+        write_parity_dump(parity_dump_path(result_path), *rec, final_params, outcome.step_losses);
+        cell["parity_dump"] = std::filesystem::path(parity_dump_path(result_path)).filename().string();
+      }
     }
     if (comm && rk.rank != 0) {
       // Rank 0's cell process merges: hand it this rank's result through the store.

@@ -6,7 +6,7 @@
 #include <dlfcn.h>
 #include <nvtx3/nvToolsExt.h>
 
-#include "probes/gpu.hpp"
+#include "probes/device/gpu.hpp"
 
 #include <string>
 

@@ -1,5 +1,5 @@
 // Built when CMake found no CUDA toolkit: no inventory beyond saying so, no NVTX.
-#include "probes/gpu.hpp"
+#include "probes/device/gpu.hpp"
 
 namespace trainscope::probes {
 

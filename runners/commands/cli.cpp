@@ -1,4 +1,4 @@
-#include "runners/cli.hpp"
+#include "runners/commands/cli.hpp"
 
 #include <unistd.h>
 
@@ -13,14 +13,15 @@
 
 #include "core/build_info.hpp"
 #include "core/errors.hpp"
-#include "probes/env.hpp"
-#include "probes/gpu.hpp"
+#include "probes/device/env.hpp"
+#include "probes/device/gpu.hpp"
 #include "reports/compare.hpp"
 #include "reports/render.hpp"
 #include "reports/report.hpp"
-#include "runners/cell.hpp"
-#include "runners/launch.hpp"
-#include "runners/suite_run.hpp"
+#include "runners/process/cell.hpp"
+#include "runners/process/launch.hpp"
+#include "runners/commands/parity.hpp"
+#include "runners/commands/suite_run.hpp"
 #include "suites/data.hpp"
 #include "suites/suite_file.hpp"
 #include "suites/train.hpp"
@@ -196,6 +197,24 @@ int cli_main(int argc, char** argv) {
   compare_cmd->add_flag("--exact-loss", cmp.exact_loss, "deterministic runs: every step's loss must be identical");
   compare_cmd->add_flag("--no-color", cmp.no_colour, "no ANSI colours (also when NO_COLOR is set or not a terminal)");
 
+  ParityOptions parity;
+  parity.run.suite = "parity";
+  parity.run.nproc = 2;
+  std::vector<std::string> parity_sets;
+  auto* parity_cmd = app.add_subcommand(
+      "parity", "Run a suite (default: parity), then PyTorch's own DDP, FSDP2, ZeRO, checkpointing, GradScaler and "
+                "autocast on what each cell trained on: both sides' numbers in the report; exit 1 on a difference");
+  parity_cmd->add_option("--suite", parity.run.suite, "built-in suite name or .toml file whose cells set parity_dump")
+      ->capture_default_str();
+  parity_cmd->add_option("--out", parity.run.out, "output folder (default results/parity-<UTC timestamp>)");
+  parity_cmd->add_option("--filter", parity.run.filter, "regular expression on cell names");
+  parity_cmd->add_option("--nproc", parity.run.nproc, "local ranks allowed per cell")->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  parity_cmd->add_option("--set", parity_sets, "override any configuration key: --set key=value (repeatable)");
+  parity_cmd->add_option("--python", parity.python, std::string("Python with the torch wheel (default ") + parity_python() + ")");
+  parity_cmd->add_option("--reference", parity.reference,
+                         std::string("folder of reference.py (default ") + parity_reference_dir() + ")");
+
   std::string export_report;
   bool export_bmf = false;
   auto* export_cmd = app.add_subcommand("export", "Write a report's figures for dashboards");
@@ -222,7 +241,7 @@ int cli_main(int argc, char** argv) {
     bool known = false;
     for (const auto* sub : app.get_subcommands({})) known = known || sub->check_name(word);
     if (!known) {
-      std::fprintf(stderr, "trainscope: error: unknown command '%s' (allowed: run, list, env, report, compare, export, trace)\n", word.c_str());
+      std::fprintf(stderr, "trainscope: error: unknown command '%s' (allowed: run, list, env, report, compare, parity, export, trace)\n", word.c_str());
       return 2;
     }
   }
@@ -254,6 +273,10 @@ int cli_main(int argc, char** argv) {
     }
     if (report_cmd->parsed()) return report_command(report_dir);
     if (compare_cmd->parsed()) return compare_command(cmp);
+    if (parity_cmd->parsed()) {
+      for (const auto& kv : parity_sets) parity.run.sets.push_back(split_set(kv));
+      return parity_command(parity);
+    }
     if (trace_cmd->parsed()) return trace_command(trace_dir);
     if (export_cmd->parsed()) {
       std::cout << reports::export_bmf(reports::read_report(export_report)).dump(2) << "\n";

@@ -1,4 +1,4 @@
-#include "runners/suite_run.hpp"
+#include "runners/commands/suite_run.hpp"
 
 #include <sys/stat.h>
 
@@ -11,14 +11,14 @@
 
 #include "core/errors.hpp"
 #include "core/units.hpp"
-#include "probes/env.hpp"
-#include "probes/trace.hpp"
+#include "probes/device/env.hpp"
+#include "probes/trace/trace.hpp"
 #include "reports/render.hpp"
 #include "reports/report.hpp"
-#include "runners/cell.hpp"
-#include "runners/frontier.hpp"
-#include "runners/isolation.hpp"
-#include "runners/launch.hpp"
+#include "runners/process/cell.hpp"
+#include "runners/commands/frontier.hpp"
+#include "runners/process/isolation.hpp"
+#include "runners/process/launch.hpp"
 #include "suites/suite_file.hpp"
 #include "suites/train.hpp"
 

@@ -1,9 +1,9 @@
-#include "probes/trace.hpp"
+#include "probes/trace/trace.hpp"
 
 #include <fstream>
 
-#include "probes/comm.hpp"
-#include "probes/memory.hpp"
+#include "probes/distributed/comm.hpp"
+#include "probes/step/memory.hpp"
 
 namespace trainscope::probes {
 

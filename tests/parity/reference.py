@@ -1,0 +1,622 @@
+"""PyTorch's own implementations, run on what trainscope ran: the parity references.
+
+    python reference.py --report RESULTS/report.json --out RESULTS/parity.json [--accounting LIB]
+
+For every ok cell of the report that left a parity dump (`parity_dump = true`: initial weights, the
+global batch of every step, the CPU generator's state before step 0, the final weights, the step
+losses, the loss-scale trajectory, the block output dtypes), this script trains the same model from
+the same weights on the same data with PyTorch's implementation of the cell's technique and writes
+the comparison: each compared quantity with both sides' values, the difference, the tolerance and a
+verdict (exact | within | design-difference | differs), plus both step times and their ratio.
+
+Memory is counted the way trainscope counts it: `--accounting` is trainscope's accounting allocator
+(libtrainscope_accounting.so), installed here as torch's CPU allocator, so both sides' bytes are bytes
+live in CPU tensor storage counted by the same code; model-state bytes are the unique storages behind
+the parameters, gradients and optimizer states (local shards where sharded).
+
+Only the wheel's torch is used. Exit status: 0 when every comparison passes, 1 when one differs, 2 on
+bad input (one line on stderr).
+"""
+import argparse
+import ctypes
+import faulthandler
+import inspect
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.jit._pickle  # noqa: F401  (the type-tag global of LibTorch-written dumps)
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from models import blocks_of, make_model, CheckpointPolicy, PRESETS  # noqa: E402
+
+
+class InputError(Exception):
+    pass
+
+
+# ---- the accounting allocator ---------------------------------------------------------------------
+class Accounting:
+    """trainscope's accounting allocator through its C interface; a no-op when not given."""
+
+    def __init__(self, path):
+        self.lib = None
+        if path:
+            self.lib = ctypes.CDLL(path)
+            for f in ("current", "peak"):
+                getattr(self.lib, f"trainscope_accounting_{f}").restype = ctypes.c_int64
+            self.lib.trainscope_accounting_install()
+
+    def current(self):
+        return self.lib.trainscope_accounting_current() if self.lib else None
+
+    def peak(self):
+        return self.lib.trainscope_accounting_peak() if self.lib else None
+
+    def reset_peak(self):
+        if self.lib:
+            self.lib.trainscope_accounting_reset_peak()
+
+
+def storage_bytes(tensors):
+    """Bytes of the unique storages behind `tensors` (suites/parallel.cpp's storage_bytes)."""
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None:
+            continue
+        if hasattr(t, "to_local"):
+            t = t.to_local()
+        s = t.untyped_storage()
+        if s.data_ptr() not in seen and s.nbytes() > 0:
+            seen.add(s.data_ptr())
+            total += s.nbytes()
+    return total
+
+
+# ---- comparisons ----------------------------------------------------------------------------------
+def tensor_check(name, ours, theirs, tolerance=0.0, why_tolerance=None):
+    """Named tensors on both sides: bit-for-bit, or the largest absolute difference against `tolerance`."""
+    missing = sorted(set(ours) ^ set(theirs))
+    if missing:
+        return {"name": name, "verdict": "differs", "note": "names on one side only: " + ", ".join(missing[:5])}
+    worst, worst_name, equal = 0.0, None, True
+    for k in ours:
+        a, b = ours[k].to(torch.float64), theirs[k].to(torch.float64)
+        if a.shape != b.shape:
+            return {"name": name, "verdict": "differs", "note": f"{k}: shape {list(a.shape)} against {list(b.shape)}"}
+        if not torch.equal(ours[k], theirs[k].to(ours[k].dtype)):
+            equal = False
+            d = (a - b).abs().max().item()
+            if d > worst or worst_name is None:
+                worst, worst_name = d, k
+    count = f"{len(ours)} tensors, {sum(t.numel() for t in ours.values())} values"
+    out = {"name": name, "tensors": len(ours), "trainscope": count, "pytorch": count}
+    if equal:
+        out.update(verdict="exact", difference=0.0, tolerance=0.0)
+        return out
+    out.update(difference=worst, worst=worst_name, tolerance=tolerance,
+               verdict="within" if worst <= tolerance else "differs")
+    if why_tolerance:
+        out["tolerance_from"] = why_tolerance
+    return out
+
+
+def value_check(name, ours, theirs, tolerance=0.0, design=None, relative=False):
+    """Two numbers (or lists): exact, within `tolerance`, or a stated design difference."""
+    out = {"name": name, "trainscope": ours, "pytorch": theirs}
+    if ours == theirs:
+        out.update(verdict="exact", difference=0)
+        return out
+    if isinstance(ours, (int, float)) and isinstance(theirs, (int, float)):
+        diff = abs(ours - theirs) / (abs(theirs) if relative and theirs else 1.0)
+        out["difference"] = diff
+        out["ratio"] = ours / theirs if theirs else None
+        if diff <= tolerance:
+            out.update(verdict="within", tolerance=tolerance)
+            return out
+    out["verdict"] = "design-difference" if design else "differs"
+    if design:
+        out["note"] = design
+    return out
+
+
+def named(module):
+    """name -> detached CPU tensor, with wrapper prefixes (DDP's `module.`, ours `model.`) removed."""
+    out = {}
+    for k, p in module.named_parameters():
+        k = re.sub(r"^(module\.)?(model\.)?", "", k)
+        t = p.full_tensor() if hasattr(p, "full_tensor") else p
+        out[k] = t.detach().clone()
+    return out
+
+
+def load_named(model, state):
+    missing = [k for k, _ in model.named_parameters() if k not in state]
+    if missing:
+        raise InputError("the parity dump has no tensor " + missing[0])
+    with torch.no_grad():
+        for k, p in model.named_parameters():
+            if tuple(state[k].shape) != tuple(p.shape):
+                raise InputError(f"{k}: shape {list(state[k].shape)} in the dump, {list(p.shape)} here")
+            p.copy_(state[k])
+
+
+class LossModule(torch.nn.Module):
+    """The model's loss behind __call__, so that DDP's and FSDP2's forward hooks run."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x, y):
+        return self.model.loss(x, y)
+
+
+# ---- one training run, as Trainer::step does it ---------------------------------------------------
+def train(cell, dump, strategy, rank=0, world=1, accounting=None):
+    cfg = cell["config"]
+    threads = int(cell.get("threads") or 0)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    model = make_model(cfg["model"], float(cfg.get("dropout", 0.0)))
+    load_named(model, dump["initial"])
+    model.policy = CheckpointPolicy(cfg.get("checkpoint", "none"))
+    dtypes = {}
+    recording = [True]
+
+    def boundary(name, x):
+        if recording[0]:
+            dtypes[name] = str(x.dtype).replace("torch.", "")
+        return x
+
+    model.boundary = boundary
+    wrapped = LossModule(model)
+    comm = CommCounter() if world > 1 else None
+    lr, wd = float(cfg.get("lr", 1e-3)), float(cfg.get("weight_decay", 0.0))
+    if cfg.get("optimizer", "adamw") != "sgd":
+        raise InputError("the parity references replay optimizer = sgd (PyTorch's AdamW updates through lerp_, "
+                         "LibTorch's C++ AdamW through mul_/add_: the same maths, not the same bits)")
+    sgd = dict(lr=lr, momentum=0.9, weight_decay=wd, foreach=False)
+    if strategy in ("ddp", "zero1"):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        wrapped = DDP(wrapped, bucket_cap_mb=float(cfg.get("bucket_mb", 25.0)), gradient_as_bucket_view=True,
+                      broadcast_buffers=False)
+    elif strategy in ("zero2", "zero3"):
+        from torch.distributed.fsdp import fully_shard
+        reshard = strategy == "zero3"
+        for b in blocks_of(model):
+            fully_shard(b, reshard_after_forward=reshard)
+        fully_shard(wrapped, reshard_after_forward=reshard)
+    if strategy == "zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(wrapped.parameters(), optimizer_class=torch.optim.SGD, **sgd)
+    else:
+        opt = torch.optim.SGD(wrapped.parameters(), **sgd)
+
+    precision = cfg.get("precision", "32-true")
+    if precision == "bf16-mixed":
+        autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    elif precision == "32-true":
+        autocast = nullcontext
+    else:
+        raise InputError(f"no training reference for precision {precision} (the scaler row replays its pattern)")
+    multiplier = float(cfg.get("loss_multiplier", 1.0))
+    warmup = int(cfg.get("warmup_steps", 0))
+    inputs, targets = dump["inputs"], dump["targets"]
+    total = inputs.shape[0]
+    batch = inputs.shape[1] // world
+    acc = accounting or Accounting(None)
+    times, losses, activation, first_grads = [], [], 0, None
+    for s in range(total):
+        x = inputs[s].narrow(0, rank * batch, batch).contiguous()
+        y = targets[s].narrow(0, rank * batch, batch).contiguous()
+        if s == 0:
+            torch.set_rng_state(dump["rng_state"])  # dropout masks from the state trainscope's step 0 saw
+        if comm:
+            comm.measuring = s >= warmup
+        t0 = time.perf_counter()
+        start = acc.current()
+        acc.reset_peak()
+        opt.zero_grad(set_to_none=strategy not in ("ddp", "zero1"))
+        with autocast():
+            loss = wrapped(x, y)
+        if start is not None:
+            activation = max(activation, acc.peak() - start)
+        (loss * multiplier if multiplier != 1.0 else loss).backward()
+        if s == 0 and world == 1:
+            first_grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+        opt.step()
+        elapsed = time.perf_counter() - t0
+        recording[0] = False
+        if s >= warmup:
+            times.append(elapsed)
+        losses.append(loss.detach().to(torch.float64))
+    if comm:
+        comm.measuring = False
+    state = model_state(wrapped, opt, strategy)
+    final = named(wrapped)  # FSDP2: full_tensor() gathers, on every rank
+    loss_t = torch.stack(losses)
+    if world > 1:
+        dist.all_reduce(loss_t)
+        loss_t /= world
+    return {"final": final, "losses": loss_t.tolist(), "first_grads": first_grads, "dtypes": dtypes,
+            "step_time_p50_s": statistics.median(times) if times else None, "activation_bytes": activation
+            if acc.lib else None, "model_state": state,
+            "comm_bytes_per_step": comm.per_step(total - warmup) if comm else None}
+
+
+def model_state(wrapped, opt, strategy):
+    params = list(wrapped.parameters())
+    states = []
+    inner = opt.optim if strategy == "zero1" else opt
+    for st in inner.state.values():
+        states.extend(v for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
+    return {"params": storage_bytes(params), "grads": storage_bytes([p.grad for p in params]),
+            "optimizer": storage_bytes(states)}
+
+
+class CommCounter:
+    """Bytes through torch.distributed's collectives per measured step, with nccl-tests' sizes (the
+    full buffer: the output of an all-gather, the input of a reduce-scatter), as trainscope's comm
+    probe records them. DDP's reducer calls the process group from C++, out of this counter's sight."""
+
+    def __init__(self):
+        self.measuring, self.bytes = False, {}
+        for op, arg in (("all_gather_into_tensor", "output_tensor"), ("reduce_scatter_tensor", "input"),
+                        ("all_reduce", "tensor"), ("broadcast", "tensor")):
+            self._wrap(op, arg)
+
+    def _wrap(self, op, arg):
+        real = getattr(dist, op)
+        signature = inspect.signature(real)
+        name = {"all_gather_into_tensor": "all-gather", "reduce_scatter_tensor": "reduce-scatter",
+                "all_reduce": "all-reduce", "broadcast": "broadcast"}[op]
+
+        def counted(*args, **kwargs):
+            if self.measuring:
+                t = signature.bind(*args, **kwargs).arguments[arg]
+                self.bytes[name] = self.bytes.get(name, 0) + t.numel() * t.element_size()
+            return real(*args, **kwargs)
+
+        setattr(dist, op, counted)
+
+    def per_step(self, steps):
+        return {k: v / max(steps, 1) for k, v in self.bytes.items()}
+
+
+def load_dump(path):
+    """A dump written by LibTorch's pickle_save: plain containers and tensors, plus the type tags
+    TorchScript's pickler adds to typed dicts (the one global allowed beyond the defaults)."""
+    with torch.serialization.safe_globals([torch.jit._pickle.restore_type_tag]):
+        return torch.load(path, weights_only=True)
+
+
+def _rank_main(rank, world, cell, dump_path, strategy, lib, out_dir):
+    faulthandler.enable()  # a rank that aborts says where
+    acc = Accounting(lib)  # before any tensor of this process
+    # A file store in the run's own folder: no port to find free and race for.
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(out_dir, "store"), rank=rank,
+                            world_size=world)
+    try:
+        dump = load_dump(dump_path)
+        result = train(cell, dump, strategy, rank, world, acc)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()  # no rank tears its process group down while another still talks to it
+    finally:
+        dist.destroy_process_group()
+
+
+def train_ranks(cell, dump_path, strategy, world, lib):
+    """The reference on `world` local ranks over Gloo. One retry: Gloo on a loaded 2-core machine has
+    aborted a rank at start-up now and then ("terminate called without an active exception"); the
+    row says when its reference needed the retry."""
+    for attempt in (1, 2):
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                mp.spawn(_rank_main, args=(world, cell, str(dump_path), strategy, lib, tmp), nprocs=world)
+            except mp.ProcessExitedException as e:
+                if attempt == 2:
+                    raise
+                print(f"{cell['name']}: reference rank died ({e}); retrying once", file=sys.stderr, flush=True)
+                continue
+            runs = [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=True) for r in range(world)]
+            runs[0]["attempts"] = attempt
+            return runs
+
+
+# ---- the rows of the parity table -----------------------------------------------------------------
+REFERENCES = {
+    "single": "the same modules in PyTorch, torch.optim.SGD(foreach=False)",
+    "ddp": "torch.nn.parallel.DistributedDataParallel (same bucket_cap_mb, gradient_as_bucket_view=True)",
+    "zero1": "DistributedDataParallel + torch.distributed.optim.ZeroRedundancyOptimizer(SGD)",
+    "zero2": "FSDP2 fully_shard(reshard_after_forward=False) per block and at the root",
+    "zero3": "FSDP2 fully_shard(reshard_after_forward=True) per block and at the root",
+    "checkpoint": "torch.utils.checkpoint(use_reentrant=False, preserve_rng_state=True) per checkpointed block",
+    "scaler": "torch.amp.GradScaler('cpu') driven through trainscope's inf/NaN pattern",
+    "bf16-mixed": "torch.autocast('cpu', dtype=torch.bfloat16)",
+}
+
+
+def kind_of(cfg):
+    if cfg.get("precision") in ("16-mixed",):
+        return "scaler"
+    if cfg.get("parallel", "single") != "single":
+        return cfg["parallel"]
+    if cfg.get("checkpoint", "none") != "none":
+        return "checkpoint"
+    if cfg.get("precision") == "bf16-mixed":
+        return "bf16-mixed"
+    return "single"
+
+
+def compare_training(cell, dump, runs, kind):
+    """What every training row compares: the parameters after K steps and the loss curve."""
+    r0 = runs[0]
+    steps = dump["inputs"].shape[0]
+    checks = []
+    ours_final = dict(dump["final"])
+    if kind == "bf16-mixed":
+        # Both sides run the same autocast kernels; where they agree to the bit the tolerance is moot. It
+        # is one bf16 rounding (2^-8 relative) of an update of size lr*|g| per step, summed over K steps.
+        tol = steps * float(cell["config"].get("lr", 1e-3)) * 2.0 ** -8
+        why = f"K={steps} steps x lr x 2^-8 (one bf16 rounding of a unit-size update per step)"
+    else:
+        tol, why = 0.0, None
+    checks.append(tensor_check(f"parameters after {steps} steps", ours_final, r0["final"], tol, why))
+    ours_losses = dump["step_losses"].tolist()
+    loss_tol = 0.0 if kind != "bf16-mixed" else 2.0 ** -7 * max(abs(v) for v in ours_losses)
+    diff = max(abs(a - b) for a, b in zip(ours_losses, r0["losses"])) if len(ours_losses) == len(r0["losses"]) else None
+    row = {"name": f"loss at each of {steps} steps", "trainscope": [round(v, 6) for v in ours_losses],
+           "pytorch": [round(v, 6) for v in r0["losses"]], "difference": diff}
+    if diff == 0:
+        row["verdict"] = "exact"
+    elif diff is not None and diff <= loss_tol:
+        row.update(verdict="within", tolerance=loss_tol,
+                   tolerance_from="2^-7 x the largest loss: two bf16 roundings (2^-8 each) of the logits' scale")
+    else:
+        row.update(verdict="differs", tolerance=loss_tol)
+    checks.append(row)
+    return checks
+
+
+def memory_checks(cell, runs, kind):
+    """Per-rank model-state bytes, trainscope's against PyTorch's, counted the same way. A difference
+    passes as a design difference only where its arithmetic is the stated one."""
+    ranks = cell.get("ranks") or [{"rank": 0, "model_state_parts": cell["metrics"]["memory"].get("model_state_bytes")}]
+    ours = [((ranks[r] if r < len(ranks) else {}).get("model_state_parts") or {}) for r in range(len(runs))]
+    theirs = [run["model_state"] for run in runs]
+    world = len(runs)
+
+    def explained(part):
+        a = [o.get(part) for o in ours]
+        b = [t[part] for t in theirs]
+        if None in a:
+            return None
+        if kind == "zero1" and part == "optimizer" and sum(a) == sum(b):
+            return ("ZeroRedundancyOptimizer gives each rank whole parameters (greedy, by size), so the optimizer "
+                    "state splits unevenly; trainscope slices one flat buffer into equal shards; the sum over "
+                    f"the ranks is the same ({sum(a)} B)")
+        if kind == "zero2" and part == "params" and all(x == y * world for x, y in zip(a, b)):
+            return ("FSDP2 shards the parameters between steps even with reshard_after_forward=False (it keeps them "
+                    "gathered only from forward to backward): 1/N of trainscope's zero2, which is DeepSpeed's "
+                    "stage 2 (full parameters on every rank, gradients and optimizer state sharded)")
+        return None
+
+    checks = []
+    for part in ("params", "grads", "optimizer"):
+        why = explained(part)
+        for r in range(world):
+            checks.append(value_check(f"rank {r} {part} bytes", ours[r].get(part), theirs[r][part], design=why))
+    return checks
+
+
+def activation_check(cell, run):
+    """The forward's peak over the step's start, both sides counted by the accounting allocator.
+
+    One difference is known to the byte: `scores / math.sqrt(Dh)` in Python dispatches aten::div.Tensor
+    with the number wrapped in a 0-dim float64 tensor, which autograd saves for backward (8 bytes per
+    attention block that records autograd: every block, also under non-reentrant checkpointing); C++'s
+    operator/ dispatches aten::div.Scalar, which saves the number itself."""
+    cfg = cell["config"]
+    family, _, _, layers, *_ = PRESETS[cfg["model"]]
+    wrapped_scalars = 8 * layers if family == "gpt" else 0
+    ours, theirs = cell["metrics"]["memory"].get("activation_bytes"), run["activation_bytes"]
+    name = "activation bytes (forward peak over the step's start)"
+    if wrapped_scalars and ours is not None and theirs == ours + wrapped_scalars:
+        return value_check(name, ours, theirs, design=(
+            f"{wrapped_scalars} B = 8 B x {layers} blocks: Python passes the attention's 1/sqrt(Dh) as a 0-dim "
+            "float64 tensor (aten::div.Tensor) that autograd saves; C++ dispatches aten::div.Scalar"))
+    return value_check(name, ours, theirs)
+
+
+def flop_checks(cell, dump):
+    """Parameter counts and FLOPs against torch.utils.flop_counter.FlopCounterMode on one step."""
+    from torch.utils.flop_counter import FlopCounterMode
+    cfg = cell["config"]
+    model = make_model(cfg["model"], 0.0)
+    load_named(model, dump["initial"])
+    ours = cell["model"]
+    n = sum(p.numel() for p in model.parameters())
+    checks = [value_check("parameters", ours["parameters"], n),
+              value_check("analytic parameters", ours["analytic_parameters"], n)]
+    x, y = dump["inputs"][0], dump["targets"][0]
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model.loss(x, y).backward()
+    measured = counter.get_total_flops() / x.shape[0]
+    # FlopCounterMode counts matmuls and convolutions only, as they run. What 6·N leaves out or adds, per
+    # sample, is known exactly from the shapes: the prediction below must equal the count to the FLOP.
+    family, hidden, width, layers, heads, S, V = PRESETS[cfg["model"]]
+    if family == "mlp":
+        first = model.fc0
+        predicted = ours["training_flops_per_sample"] - 2 * first.in_features * first.out_features
+        why = ("the first layer's input gradient is never computed (the images need none); 6·N counts it: "
+               "2·in·out per sample")
+    elif family == "cnn":
+        c = model.stem
+        hw = x.shape[2] * x.shape[3]  # stride 1, padding 1: the stem's output is the input's size
+        predicted = ours["training_flops_per_sample"] - 2 * c.in_channels * c.out_channels * 9 * hw
+        why = "the stem's input gradient is never computed; 6·MACs counts it (2·MACs of the stem per sample)"
+    else:
+        D, L = width, layers
+        # ours: 6·N·S + 6·L·D·S² (N with biases and LayerNorm, causal attention counted once: torchtitan's
+        # convention); FlopCounterMode: matmuls only, the full S×S scores and values (2·2·S²·D forward,
+        # twice that backward, per layer).
+        predicted = ours["training_flops_per_sample"] - 6 * S * (13 * D * L + 2 * D) + 6 * L * D * S * S
+        why = ("FlopCounterMode counts the full S×S attention matmuls (12·L·D·S², the convention counts the causal "
+               "half, 6·L·D·S²) and no elementwise work (biases and LayerNorm, 6·S·(13·L·D + 2·D) in 6·N·S)")
+    checks.append(value_check("training FLOPs per sample", ours["training_flops_per_sample"], measured, design=why))
+    checks.append(value_check("FlopCounterMode against the convention minus the stated terms", predicted, measured))
+    return checks
+
+
+def scaler_checks(cell, dump):
+    """GradScaler through the same overflow pattern: every scale and every skipped step, identical."""
+    cfg = cell["config"]
+    found = [bool(v) for v in dump["found_inf"].tolist()]
+    scaler = torch.amp.GradScaler("cpu", init_scale=float(cfg["scaler_init"]), growth_factor=float(cfg["scaler_growth"]),
+                                  backoff_factor=float(cfg["scaler_backoff"]), growth_interval=int(cfg["scaler_interval"]))
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=1.0)
+    scales, skipped = [], []
+    for inf in found:
+        scales.append(scaler.get_scale())
+        opt.zero_grad()
+        scaler.scale(p.sum() + 1.0).backward()  # the gradient is the scale itself
+        if inf:
+            p.grad.fill_(float("inf"))
+        before = p.detach().clone()
+        scaler.step(opt)
+        skipped.append(bool(torch.equal(before, p.detach())))
+        scaler.update()
+    ours = dump["scales"].tolist()
+    ours_skipped = [i for i, v in enumerate(found) if v]
+    theirs_skipped = [i for i, v in enumerate(skipped) if v]
+    overflow = cell["metrics"].get("overflow", {})
+    return [value_check(f"loss scale at each of {len(found)} steps", ours, scales),
+            value_check("skipped steps", ours_skipped, theirs_skipped),
+            value_check("skipped steps in the overflow probe", overflow.get("skipped_steps"), len(theirs_skipped))]
+
+
+def row(cell, dump_path, lib):
+    cfg = cell["config"]
+    kind = kind_of(cfg)
+    dump = load_dump(dump_path)
+    out = {"reference": REFERENCES[kind], "technique": kind, "torch": torch.__version__}
+    checks = []
+    if kind == "scaler":
+        checks += scaler_checks(cell, dump)
+    else:
+        world = int(cfg.get("world_size", 1))
+        if world > 1:
+            runs = train_ranks(cell, dump_path, kind, world, lib)
+        else:
+            runs = [train(cell, dump, "single", accounting=Accounting(lib))]
+        checks += compare_training(cell, dump, runs, kind)
+        if kind == "single":
+            checks += flop_checks(cell, dump)
+        if kind == "checkpoint":
+            checks.append(tensor_check("gradients at step 0", dict(dump["first_grads"]), runs[0]["first_grads"]))
+        if kind == "bf16-mixed" or kind == "single":
+            ours = {k: CPP_DTYPES.get(v, v) for k, v in dict(dump["block_dtypes"]).items()}
+            checks.append(value_check("block output dtypes", ours, runs[0]["dtypes"]))
+        if lib:
+            if world > 1 or kind in ("single", "checkpoint"):
+                checks += memory_checks(cell, runs, kind)
+            if kind in ("checkpoint", "single"):
+                checks.append(activation_check(cell, runs[0]))
+        if kind in ("zero2", "zero3"):
+            checks += comm_checks(cell, runs[0], kind)
+        if runs[0].get("attempts", 1) > 1:
+            out["reference_attempts"] = runs[0]["attempts"]
+        ours_t = (cell["metrics"].get("timing", {}).get("step_time_s") or {}).get("p50")
+        theirs_t = runs[0]["step_time_p50_s"]
+        out["step_time_s"] = {"trainscope": ours_t, "pytorch": theirs_t,
+                              "ratio": ours_t / theirs_t if ours_t and theirs_t else None}
+    out["checks"] = checks
+    out["verdict"] = "differs" if any(c["verdict"] == "differs" for c in checks) else "pass"
+    return out
+
+
+# c10's dtype names (what the dump holds) as torch spells them.
+CPP_DTYPES = {"Float": "float32", "BFloat16": "bfloat16", "Half": "float16", "Double": "float64"}
+
+def comm_checks(cell, run, kind):
+    """Bytes per measured step through each collective, rank 0, nccl-tests' sizes on both sides."""
+    ours = {}
+    comm = cell["metrics"].get("comm", {})
+    steps = max(int(comm.get("steps") or 1), 1)
+    for c in comm.get("collectives", []):
+        ours[c["op"]] = ours.get(c["op"], 0) + c["bytes"] * c["count"] / steps
+    theirs = run["comm_bytes_per_step"] or {}
+    # The root unit (what no block owns: embeddings, final norm, head): FSDP2 reshards it after forward
+    # and gathers it again for backward; trainscope's zero3 keeps it gathered until backward ends.
+    model = make_model(cell["config"]["model"])
+    in_blocks = {id(p) for b in blocks_of(model) for p in b.parameters()}
+    root = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in in_blocks)
+    checks = []
+    for op in sorted(set(ours) | set(theirs)):
+        a, b = ours.get(op, 0), theirs.get(op, 0)
+        design = None
+        if kind == "zero3" and op == "all-gather" and b - a == root:
+            design = (f"{root} B per step, the root unit's parameters: FSDP2 reshards the root after forward and "
+                      "gathers it again for backward; trainscope's zero3 keeps it gathered until backward ends")
+        checks.append(value_check(f"{op} bytes per step (rank 0)", a, b, design=design))
+    return checks
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--report", required=True, help="a results folder's report.json")
+    ap.add_argument("--out", required=True, help="where the parity JSON goes")
+    ap.add_argument("--accounting", default="", help="libtrainscope_accounting.so (memory rows need it)")
+    ap.add_argument("--filter", default="", help="regular expression on cell names")
+    a = ap.parse_args(argv)
+    try:
+        report = json.loads(Path(a.report).read_text())
+        if not isinstance(report, dict) or not isinstance(report.get("cells"), list):
+            raise InputError(f"{a.report}: not a trainscope report (no cells)")
+    except (OSError, ValueError) as e:
+        print(f"parity reference: error: {a.report}: {e}", file=sys.stderr)
+        return 2
+    except InputError as e:
+        print(f"parity reference: error: {e}", file=sys.stderr)
+        return 2
+    if a.accounting and not Path(a.accounting).is_file():
+        print(f"parity reference: error: no accounting library at {a.accounting}", file=sys.stderr)
+        return 2
+    cells_dir = Path(a.report).resolve().parent / "cells"
+    rows, failed = {}, False
+    for cell in report["cells"]:
+        if cell.get("status") != "ok" or "parity_dump" not in cell or not re.search(a.filter, cell["name"]):
+            continue
+        started = time.monotonic()
+        try:
+            r = row(cell, cells_dir / cell["parity_dump"], a.accounting)
+        except InputError as e:
+            r = {"verdict": "failed", "reason": str(e), "checks": []}
+        except Exception as e:  # a reference that crashes is this row's failure, never a lost report
+            lines = [ln for ln in str(e).splitlines() if ln.strip()]
+            r = {"verdict": "failed", "reason": f"{type(e).__name__}: {lines[-1] if lines else ''}", "checks": []}
+        r["reference_wall_s"] = round(time.monotonic() - started, 2)
+        rows[cell["name"]] = r
+        failed = failed or r["verdict"] != "pass"
+        print(f"{cell['name']}: {r['verdict']}" + (f" ({r['reason']})" if "reason" in r else ""), flush=True)
+    Path(a.out).write_text(json.dumps({"schema": "trainscope.parity/1", "torch": torch.__version__,
+                                       "cells": rows}, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -34,12 +34,14 @@ const std::vector<KeySpec>& config_keys() {
       {"data", KeyKind::Choice, {"auto", "fashion-mnist", "synthetic-images", "synthetic-tokens"},
        "auto", "data source; auto: Fashion-MNIST for MLP/CNN, synthetic tokens for GPT"},
       {"precision", KeyKind::Choice,
-       {"32-true", "tf32", "bf16-mixed", "16-mixed", "16-mixed-noscale", "bf16-true", "64-true"}, "32-true",
+       {"32-true", "tf32", "bf16-mixed", "16-mixed", "16-mixed-noscale", "bf16-true", "64-true", "fp8"}, "32-true",
        "numeric precision (Lightning's names; 16-mixed is emulated on CPU unless fp16 = autocast; 64-true: fp64 "
-       "reference)"},
+       "reference; fp8: e4m3 Linear GEMMs through at::_scaled_mm on sm89+, bf16 elsewhere)"},
       {"fp16", KeyKind::Choice, {"auto", "emulated", "autocast"}, "auto",
        "16-mixed on CPU: emulated (fp16 rounding at block boundaries, fp32 speed) or autocast (real fp16 kernels, "
        "~100x slower without AVX512-FP16); auto: emulated on CPU, real on CUDA"},
+      {"fp8_scaling", KeyKind::Choice, {"current", "delayed"}, "current",
+       "fp8: per-tensor scale from this step's amax (current) or from the largest of the last 16 steps' (delayed)"},
       {"parallel", KeyKind::Choice, {"single", "ddp", "zero1", "zero2", "zero3"}, "single",
        "parallel strategy: single process, DDP (c10d reducer), ZeRO-1/2/3 (3 = FSDP-style full sharding)"},
       {"world_size", KeyKind::Int, {}, 1, "number of ranks (batch_size is per rank)", 1},
@@ -82,6 +84,14 @@ const std::vector<KeySpec>& config_keys() {
       {"seed", KeyKind::Int, {}, 0, "seed of every generator", 0},
       {"device", KeyKind::String, {}, "auto", "auto, cpu, cuda or cuda:<index>"},
       {"threads", KeyKind::Int, {}, 0, "intra-op CPU threads; 0: one per core", 0},
+      {"kind", KeyKind::Choice, {"train", "gemm-peak", "memory-bandwidth", "copy-bandwidth"}, "train",
+       "what the cell measures: a training run, or the hardware (the GEMM peak per dtype, device memory bandwidth, "
+       "host-device copy bandwidth)"},
+      {"thorough", KeyKind::Bool, {}, false, "gemm-peak: the long shape sweep (minutes per dtype on a GPU)"},
+      {"timeline", KeyKind::Bool, {}, false,
+       "CUDA: record the GPU timeline with CUPTI (compute/communication overlap, idle time, top kernels)"},
+      {"sustain_window_s", KeyKind::Float, {}, 60.0,
+       "throughput is also reported per window of this many seconds of the run (a drop flags throttling)", 0.1},
       {"timeout_s", KeyKind::Float, {}, 600.0, "wall-clock limit of the cell's process", 0},
       {"time_budget_s", KeyKind::Float, {}, 0.0,
        "stop measuring after this many seconds of training (the cell records it; its numerics are compared at "
@@ -215,6 +225,7 @@ static void for_each_field(Config& c, Visit&& v) {
   v("data", c.data);
   v("precision", c.precision);
   v("fp16", c.fp16);
+  v("fp8_scaling", c.fp8_scaling);
   v("parallel", c.parallel);
   v("world_size", c.world_size);
   v("backend", c.backend);
@@ -248,6 +259,10 @@ static void for_each_field(Config& c, Visit&& v) {
   v("seed", c.seed);
   v("device", c.device);
   v("threads", c.threads);
+  v("kind", c.kind);
+  v("thorough", c.thorough);
+  v("timeline", c.timeline);
+  v("sustain_window_s", c.sustain_window_s);
   v("timeout_s", c.timeout_s);
   v("trace", c.trace);
   v("time_budget_s", c.time_budget_s);

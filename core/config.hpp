@@ -34,10 +34,15 @@ json validate_value(const std::string& key, const json& value);
 json parse_value(const std::string& key, const std::string& text);
 
 struct RunConfig {
+  std::string kind = "train";  // train | gemm-peak | memory-bandwidth | copy-bandwidth
+  bool thorough = false;       // gemm-peak: the long sweep
+  bool timeline = false;       // CUDA: the CUPTI timeline probe
+  double sustain_window_s = 60.0;
   std::string model = "mlp";
   std::string data = "auto";  // auto: the model's natural data (see suites/data.hpp)
   std::string precision = "32-true";
   std::string fp16 = "auto";  // 16-mixed on CPU: emulated | autocast (auto: emulated on CPU)
+  std::string fp8_scaling = "current";  // fp8: current | delayed (amax history)
   std::string parallel = "single";
   int64_t world_size = 1;  // ranks; batch_size is per rank, the global batch is world_size x batch_size
   std::string backend = "auto";

@@ -19,6 +19,87 @@ json rec(const std::string& id, const std::string& severity, const std::string& 
 constexpr double kFaster = 1.10;        // at least 10% faster to recommend switching
 constexpr double kAccuracyTolerance = 0.01;
 
+// What mamf-finder measured (bf16 and fp8 e4m3, best shape's mean over the dense datasheet peak): the
+// fraction a healthy device of the kind reaches. Known for these devices only.
+double published_fraction(const std::string& device, const std::string& dtype) {
+  static const std::map<std::pair<std::string, std::string>, double> f = {
+      {{"NVIDIA H100 80GB HBM3", "bf16"}, 0.803}, {{"NVIDIA H100 80GB HBM3", "fp8"}, 0.709},
+      {{"NVIDIA H200", "bf16"}, 0.803},           {{"NVIDIA H200", "fp8"}, 0.734},
+      {{"NVIDIA A100-SXM4-80GB", "bf16"}, 0.869}, {{"NVIDIA A100-SXM4-40GB", "bf16"}, 0.869},
+      {{"AMD Instinct MI300X", "bf16"}, 0.514}};
+  const auto it = f.find({device, dtype});
+  return it == f.end() ? 0.0 : it->second;
+}
+
+// The hardware suite's rules: what falls short of the datasheet and by how much, and a throughput that
+// falls during a sustained run.
+constexpr double kShortfall = 0.10;   // 10 points under the published fraction: warn
+constexpr double kMemoryShort = 0.80; // a copy reaching under 80% of the datasheet's bandwidth: warn
+constexpr double kThrottleDrop = 0.05;
+
+void hardware_rules(const json& report, json& out) {
+  for (const auto& c : report["cells"]) {
+    if (c.value("status", "") != "ok") continue;
+    const std::string device = c.value("device_name", "");
+    const json gemm = value_at(c, {"metrics", "hardware", "gemm"});
+    for (const auto& g : gemm.is_array() ? gemm : json::array()) {
+      if (g.contains("skipped") || !g["achievable_flops_per_s"].is_number()) continue;
+      const std::string dtype = g["dtype"];
+      const double achieved = g["achievable_flops_per_s"];
+      const json& s = g["best_shape"];
+      const std::string shape = s.dump();
+      if (!g["fraction_of_datasheet"].is_number()) {
+        out.push_back(rec("hardware.gemm." + dtype, "info",
+                          dtype + " GEMM reaches " + format_fixed(achieved / 1e12, 2) + " TFLOPS at best (shape " + shape +
+                              "); no datasheet for '" + device + "': nothing to hold it against",
+                          {{"achievable_flops_per_s", achieved}, {"best_shape", s}}, {c["name"]}));
+        continue;
+      }
+      const double frac = g["fraction_of_datasheet"], published = published_fraction(device, dtype);
+      std::string text = dtype + " GEMM reaches " + format_fixed(100 * frac, 1) + "% of the datasheet (" +
+                         format_fixed(achieved / 1e12, 1) + " of " +
+                         format_fixed(g["datasheet_flops_per_s"].get<double>() / 1e12, 1) + " TFLOPS, shape " + shape + ")";
+      std::string severity = "info";
+      if (published > 0) {
+        text += "; mamf-finder reports " + format_fixed(100 * published, 1) + "% on this device";
+        if (frac < published - kShortfall) {
+          severity = "warn";
+          text += ": " + format_fixed(100 * (published - frac), 1) + " points short (clocks, power limit, or a slow library)";
+        }
+      }
+      out.push_back(rec("hardware.gemm." + dtype, severity, text,
+                        {{"fraction_of_datasheet", frac}, {"published_fraction", published > 0 ? json(published) : json(nullptr)},
+                         {"achievable_flops_per_s", achieved}, {"datasheet_flops_per_s", g["datasheet_flops_per_s"]},
+                         {"shortfall_points", kShortfall}},
+                        {c["name"]}));
+    }
+    const json mem = value_at(c, {"metrics", "hardware", "memory"});
+    if (mem.is_object() && mem["bandwidth_gbps"].is_number()) {
+      const double bw = mem["bandwidth_gbps"];
+      if (mem["fraction_of_datasheet"].is_number()) {
+        const double frac = mem["fraction_of_datasheet"];
+        out.push_back(rec("hardware.memory", frac < kMemoryShort ? "warn" : "info",
+                          "device memory copies at " + format_fixed(bw, 0) + " GB/s, " + format_fixed(100 * frac, 1) +
+                              "% of the datasheet's " + format_fixed(mem["datasheet_gbps"].get<double>(), 0) + " GB/s",
+                          {{"bandwidth_gbps", bw}, {"fraction_of_datasheet", frac}, {"threshold", kMemoryShort}}, {c["name"]}));
+      } else {
+        out.push_back(rec("hardware.memory", "info",
+                          "memory copies at " + format_fixed(bw, 1) + " GB/s (read + write); no datasheet for '" + device + "'",
+                          {{"bandwidth_gbps", bw}}, {c["name"]}));
+      }
+    }
+    const json drop = value_at(c, {"metrics", "timing", "throughput_over_run", "drop"});
+    if (drop.is_number() && drop.get<double>() > kThrottleDrop) {
+      const json& w = c["metrics"]["timing"]["throughput_over_run"];
+      out.push_back(rec("hardware.throttling", "warn",
+                        "throughput fell " + format_fixed(100 * drop.get<double>(), 1) + "% from the first to the last " +
+                            format_fixed(w["window_s"].get<double>(), 0) +
+                            " s window of the run: clock or power throttling (or a noisy neighbour)",
+                        {{"drop", drop}, {"threshold", kThrottleDrop}, {"windows", w["windows"]}}, {c["name"]}));
+    }
+  }
+}
+
 }  // namespace
 
 json recommend(const json& report) {
@@ -371,6 +452,7 @@ json recommend(const json& report) {
                       {{"reason", c["reason"]}}, {c["name"]}));
     break;
   }
+  hardware_rules(report, out);
   return out;
 }
 

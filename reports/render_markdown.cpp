@@ -98,6 +98,53 @@ void parity_tables(const json& report, json& tables) {
                     {"rows", details}});
 }
 
+// The hardware suite: what the device reached per dtype and per kind of traffic, against its datasheet.
+void hardware_tables(const json& report, json& tables) {
+  json rows = json::array();
+  auto pct = [](const json& v) { return v.is_number() ? format_fixed(100 * v.get<double>(), 1) + "%" : std::string("-"); };
+  for (const auto& c : report["cells"]) {
+    const json hw = value_at(c, {"metrics", "hardware"});
+    if (!hw.is_object()) continue;
+    for (const auto& g : hw.value("gemm", json::array())) {
+      if (g.contains("skipped")) {
+        rows.push_back({"GEMM " + g.value("dtype", "?"), "skipped", "-", "-", g.value("skipped", "")});
+        continue;
+      }
+      rows.push_back({"GEMM " + g.value("dtype", "?"),
+                      format_fixed(g.value("achievable_flops_per_s", 0.0) / 1e12, 2) + " TFLOPS",
+                      text_or_dash(g.value("datasheet_flops_per_s", json()), [](double x) { return format_fixed(x / 1e12, 1) + " TFLOPS"; }),
+                      pct(g.value("fraction_of_datasheet", json())), "best shape " + g.value("best_shape", json()).dump()});
+    }
+    if (hw.contains("memory")) {
+      const json& m = hw["memory"];
+      rows.push_back({"device memory copy", format_fixed(m.value("bandwidth_gbps", 0.0), 1) + " GB/s",
+                      text_or_dash(m.value("datasheet_gbps", json()), [](double x) { return format_fixed(x, 0) + " GB/s"; }),
+                      pct(m.value("fraction_of_datasheet", json())), m.value("method", "")});
+    }
+    if (hw.contains("copy")) {
+      const json& m = hw["copy"];
+      if (m.contains("skipped")) rows.push_back({"host-device copy", "skipped", "-", "-", m.value("skipped", "")});
+      else
+        rows.push_back({"host-device copy",
+                        format_fixed(m.value("host_to_device_gbps", 0.0), 1) + " / " + format_fixed(m.value("device_to_host_gbps", 0.0), 1) + " GB/s",
+                        "-", "-", "host to device / device to host; " + m.value("method", "")});
+    }
+  }
+  for (const auto& c : report["cells"]) {
+    const json w = value_at(c, {"metrics", "timing", "throughput_over_run"});
+    if (!w.is_object() || w.value("windows", json::array()).size() < 2 || !value_at(c, {"metrics", "hardware"}).is_null()) continue;
+    if (report["suite"].value("name", "") != "hardware") continue;
+    std::string per;
+    for (const auto& x : w["windows"]) per += (per.empty() ? "" : ", ") + format_rate(x.value("samples_per_s", 0.0));
+    rows.push_back({"sustained training " + c.value("name", ""), per + " samples/s per " + format_fixed(w.value("window_s", 0.0), 0) + " s",
+                    "-", "-", "drop first to last window: " + pct(w.value("drop", json()))});
+  }
+  if (rows.empty()) return;
+  tables.push_back({{"title", "Hardware: measured against the datasheet"},
+                    {"columns", {"measured", "reached", "datasheet", "of datasheet", "how"}},
+                    {"rows", rows}});
+}
+
 }  // namespace
 
 json technique_tables(const json& report) {
@@ -166,6 +213,7 @@ json technique_tables(const json& report) {
                       {"rows", rows}});
   }
   parity_tables(report, tables);
+  hardware_tables(report, tables);
   return tables;
 }
 

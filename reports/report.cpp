@@ -144,6 +144,12 @@ json make_report(const json& env, const json& suite, const std::vector<json>& ce
         const json n = compare_numerics(c, *base);
         if (!n.is_null()) c["numerics"] = n;
       }
+    // fp8's verdict is against the mode it replaces: bf16-mixed on the same model.
+    if (c["config"].value("precision", "") == "fp8")
+      if (const json* bf16 = sibling(r, c, "precision", "bf16-mixed")) {
+        const json n = compare_numerics(c, *bf16);
+        if (!n.is_null()) c["numerics_vs_bf16"] = n;
+      }
     if (c["config"].value("world_size", 1) > 1) {
         const json p = compare_parallel(c, sibling(r, c, {{"parallel", "single"}, {"world_size", 1}}),
                                         sibling(r, c, {{"parallel", "ddp"}}));

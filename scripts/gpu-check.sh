@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with one NVIDIA GPU or more (about 5 minutes on one H200 once built):
+# The GPU check, for a machine with one NVIDIA GPU or more (about 8 minutes on one H200 once built):
 # the project's one CMake build against the machine's CUDA torch, then
 #   versions and `trainscope env`; the quick suite on cuda; the precision suite's GPU cells (tf32,
 #   bf16-mixed, real 16-mixed); a checkpointing pair with the caching allocator's statistics; NCCL
-#   with one rank (and the parallel suite over NCCL with two GPUs or more).
+#   with one rank (and the parallel suite over NCCL with two GPUs or more); `trainscope peak`, the
+#   hardware suite and a cell with the CUPTI timeline.
 # Every output goes under one folder, OUT (default results/gpu-check-<UTC time>), with summary.txt
 # listing each step's exit code and time. A failing step is recorded and the next one runs.
 #
@@ -89,6 +90,26 @@ checkpoint = ["none", "full"]
 EOF
 step checkpointing "$ts" run --suite "$OUT/checkpointing.toml" --device cuda --out "$OUT/checkpointing"
 step nccl "$BUILD/bench/trainscope_collectives" --nproc 1 --backend nccl --min-bytes 1MiB --max-bytes 256MiB
+# Qualification: the GEMM peak per dtype (fp8 through _scaled_mm on sm89+) against the datasheet, the
+# hardware suite (memory and copy bandwidth, a 2-minute sustained cell), and the CUPTI timeline on a
+# bf16 training cell (kernels, compute/communication overlap, idle time).
+step peak "$ts" peak --device cuda --out "$OUT/peak.json"
+step hardware "$ts" run --suite hardware --device cuda --set time_budget_s=120 --set model=gpt-125m \
+  --set batch_size=8 --out "$OUT/hardware"
+cat > "$OUT/timeline.toml" <<'EOF'
+name = "gpu-timeline"
+description = "gpt-small in bf16 with the CUPTI timeline"
+[base]
+model = "gpt-small"
+batch_size = 16
+warmup_steps = 3
+steps = 20
+eval = false
+timeline = true
+[axes]
+precision = ["bf16-mixed"]
+EOF
+step timeline "$ts" run --suite "$OUT/timeline.toml" --device cuda --out "$OUT/timeline"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [ "${gpus:-0}" -ge 2 ]; then
   step nccl-ranks "$BUILD/bench/trainscope_collectives" --nproc "$gpus" --backend nccl --max-bytes 256MiB

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/errors.hpp"
+#include "suites/precision.hpp"
 
 namespace trainscope::suites {
 
@@ -56,6 +57,12 @@ torch::Tensor ReferenceModel::loss(const Batch& b) {
 
 namespace {
 
+// aten::linear, as PyTorch's nn.Linear runs it: one addmm over the folded [B*S, D] input. LibTorch's
+// C++ nn::Linear runs matmul then `+= bias` for inputs of more than two dimensions, which rounds
+// differently (the parity suite caught it: last-bit differences in every gradient).
+// In fp8 mode (an Fp8Scope), project() runs the GEMM in e4m3 instead.
+torch::Tensor linear(const nn::Linear& layer, const torch::Tensor& x) { return project(x, layer->weight, layer->bias); }
+
 // ---- MLP ------------------------------------------------------------------------------------------
 class Mlp : public ReferenceModel {
  public:
@@ -73,10 +80,10 @@ class Mlp : public ReferenceModel {
     torch::Tensor h = x.flatten(1);
     for (size_t i = 0; i + 1 < layers_.size(); ++i) {
       auto& layer = layers_[i];
-      h = run_block(static_cast<int64_t>(i), *layer, [&layer](const torch::Tensor& in) { return torch::relu(layer->forward(in)); }, h);
+      h = run_block(static_cast<int64_t>(i), *layer, [&layer](const torch::Tensor& in) { return torch::relu(linear(layer, in)); }, h);
       h = boundary("fc" + std::to_string(i), h);
     }
-    return boundary("head", layers_.back()->forward(h));
+    return boundary("head", linear(layers_.back(), h));
   }
   std::vector<torch::nn::Module*> blocks() override {
     std::vector<torch::nn::Module*> out;
@@ -204,11 +211,6 @@ class Cnn : public ReferenceModel {
 };
 
 // ---- GPT-style decoder ----------------------------------------------------------------------------
-// aten::linear, as PyTorch's nn.Linear runs it: one addmm over the folded [B*S, D] input. LibTorch's
-// C++ nn::Linear runs matmul then `+= bias` for inputs of more than two dimensions, which rounds
-// differently (the parity suite caught it: last-bit differences in every gradient).
-torch::Tensor linear(const nn::Linear& layer, const torch::Tensor& x) { return torch::linear(x, layer->weight, layer->bias); }
-
 class DecoderBlock : public nn::Module {
  public:
   DecoderBlock(int64_t d, int64_t heads, double dropout) : heads_(heads), dropout_(dropout) {

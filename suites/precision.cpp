@@ -1,5 +1,9 @@
 #include "suites/precision.hpp"
 
+#include <algorithm>
+#include <deque>
+#include <map>
+
 #include <cmath>
 
 #include "core/errors.hpp"
@@ -27,6 +31,10 @@ PrecisionMode precision_mode(const std::string& precision, const std::string& de
     m.autocast_dtype = at::kHalf;
   } else if (precision == "bf16-true") {
     m.param_dtype = at::kBFloat16;
+  } else if (precision == "fp8") {
+    m.fp8 = true;
+    m.autocast = true;
+    m.autocast_dtype = at::kBFloat16;
   } else {
     throw UsageError("unknown precision '" + precision + "'");
   }
@@ -34,6 +42,71 @@ PrecisionMode precision_mode(const std::string& precision, const std::string& de
 }
 
 namespace {
+
+constexpr double kE4m3Max = 448.0;
+constexpr size_t kAmaxHistory = 16;
+
+// The amax history of each tensor that passes through fp8, keyed by the layer's weight (input and
+// weight have a history each). Lives as long as the process: a cell is one process.
+struct Fp8State {
+  bool enabled = false, delayed = false;
+  std::map<const void*, std::deque<double>> history;
+  int64_t fp8_layers = 0, bf16_layers = 0;
+};
+Fp8State& fp8_state() {
+  static Fp8State s;
+  return s;
+}
+
+// The scale that maps the (current or remembered) amax onto e4m3's largest value. Delayed scaling
+// reads the amax on the host, as the history must: one sync per tensor, the price of the option.
+torch::Tensor fp8_scale(const torch::Tensor& x, const void* key, int slot) {
+  const torch::Tensor amax = x.abs().max().to(torch::kFloat).clamp_min(1e-12);
+  Fp8State& st = fp8_state();
+  if (!st.delayed) return (kE4m3Max / amax).reshape({});
+  auto& h = st.history[static_cast<const char*>(key) + slot];
+  const double now = amax.item<double>();
+  const double past = h.empty() ? now : *std::max_element(h.begin(), h.end());
+  h.push_back(now);
+  if (h.size() > kAmaxHistory) h.pop_front();
+  return torch::full({}, kE4m3Max / past, x.options().dtype(torch::kFloat));
+}
+
+struct Fp8Linear : public torch::autograd::Function<Fp8Linear> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               const torch::Tensor& b) {
+    const int64_t K = w.size(1), N = w.size(0);
+    const torch::Tensor x2 = x.reshape({-1, K}).contiguous();
+    const torch::Tensor sx = fp8_scale(x2, w.unsafeGetTensorImpl(), 0), sw = fp8_scale(w, w.unsafeGetTensorImpl(), 1);
+    // Saturate rather than overflow: delayed scaling can meet a value above the remembered amax.
+    auto quantise = [](const torch::Tensor& t, const torch::Tensor& s) {
+      return (t.to(torch::kFloat) * s).clamp(-kE4m3Max, kE4m3Max).to(torch::kFloat8_e4m3fn);
+    };
+    const torch::Tensor x8 = quantise(x2, sx), w8 = quantise(w, sw);
+    // _scaled_mm wants the second operand column-major: w8 is [N, K] row-major, so w8.t() is.
+    std::optional<torch::Tensor> bias;
+    if (b.defined()) bias = b.to(torch::kBFloat16);
+    torch::Tensor y = at::_scaled_mm(x8, w8.t(), sx.reciprocal(), sw.reciprocal(), bias, std::nullopt, torch::kBFloat16);
+    ctx->save_for_backward({x2.to(torch::kBFloat16), w});
+    ctx->saved_data["has_bias"] = b.defined();
+    auto sizes = x.sizes().vec();
+    sizes.back() = N;
+    return y.view(sizes);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x2 = saved[0];
+    const torch::Tensor& w = saved[1];
+    const torch::Tensor g2 = g[0].reshape({-1, w.size(0)}).to(torch::kBFloat16);
+    const torch::Tensor wb = w.to(torch::kBFloat16);
+    auto gx_sizes = g[0].sizes().vec();
+    gx_sizes.back() = w.size(1);
+    torch::Tensor gx = torch::mm(g2, wb).view(gx_sizes);
+    torch::Tensor gw = torch::mm(g2.t(), x2).to(w.scalar_type());
+    torch::Tensor gb = ctx->saved_data["has_bias"].toBool() ? g2.sum(0).to(w.scalar_type()) : torch::Tensor();
+    return {gx, gw, gb};
+  }
+};
 
 struct RoundFp16 : public torch::autograd::Function<RoundFp16> {
   static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x) {
@@ -46,6 +119,25 @@ struct RoundFp16 : public torch::autograd::Function<RoundFp16> {
 };
 
 }  // namespace
+
+Fp8Scope::Fp8Scope(bool enabled, bool delayed) {
+  fp8_state().enabled = enabled;
+  fp8_state().delayed = delayed;
+}
+Fp8Scope::~Fp8Scope() { fp8_state().enabled = false; }
+
+torch::Tensor project(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+  Fp8State& st = fp8_state();
+  if (!st.enabled || !x.is_cuda()) return torch::linear(x, w, b);
+  if (w.size(0) % 16 != 0 || w.size(1) % 16 != 0) {
+    ++st.bf16_layers;
+    return torch::linear(x, w, b);
+  }
+  ++st.fp8_layers;
+  return Fp8Linear::apply(x, w, b.defined() ? b : torch::Tensor());
+}
+
+std::pair<int64_t, int64_t> fp8_layer_counts() { return {fp8_state().fp8_layers, fp8_state().bf16_layers}; }
 
 torch::Tensor round_through_fp16(const torch::Tensor& x) { return RoundFp16::apply(x); }
 

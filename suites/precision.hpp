@@ -30,6 +30,7 @@ struct PrecisionMode {
   bool fp16 = false;       // one of the 16-mixed modes
   bool scaler = false;     // dynamic loss scaling
   bool emulated = false;   // fp16 rounded in software (CPU)
+  bool fp8 = false;        // Linear GEMMs in e4m3 through at::_scaled_mm (CUDA sm89+), bf16 autocast elsewhere
 };
 
 // The mode a precision name means on a device ("cpu" or "cuda:i"); fp16 is the `fp16` key (auto,
@@ -38,6 +39,23 @@ PrecisionMode precision_mode(const std::string& precision, const std::string& de
 
 // x -> fp16 -> fp32 in forward, and the same for the incoming gradient in backward.
 torch::Tensor round_through_fp16(const torch::Tensor& x);
+
+// fp8 training (precision = fp8): inside an Fp8Scope the models' Linear layers run their forward GEMM
+// in e4m3 through at::_scaled_mm, inputs and weights scaled per tensor so that the amax maps to e4m3's
+// 448 (current scaling: this step's amax; delayed: the largest of the last 16 steps'), the product
+// in bf16; the backward GEMMs run in bf16 (a straight-through estimator of the quantisation). Layers
+// whose dimensions are not multiples of 16 (as _scaled_mm requires) stay in bf16.
+class Fp8Scope {
+ public:
+  explicit Fp8Scope(bool enabled, bool delayed);
+  ~Fp8Scope();
+  Fp8Scope(const Fp8Scope&) = delete;
+  Fp8Scope& operator=(const Fp8Scope&) = delete;
+};
+// x @ w^T + b: in fp8 inside an enabled Fp8Scope, else aten::linear.
+torch::Tensor project(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b);
+// Layers that ran in fp8 / stayed in bf16 since the process started (for the report).
+std::pair<int64_t, int64_t> fp8_layer_counts();
 
 // Rounds the parameters through fp16 for one forward/backward pass and puts the fp32 master values
 // back afterwards (what fp16 autocast's cast-on-use does to the weights).

@@ -47,7 +47,16 @@ std::string unsupported_reason(const RunConfig& c, const std::string& device) {
   }
   if (c.precision == "tf32" && !cuda)
     return "tf32 needs a CUDA GPU (Ampere or newer); this cell runs on " + device;
+  if (c.precision == "fp8" && !cuda)
+    return "fp8 needs a CUDA GPU of compute capability 8.9 or newer (at::_scaled_mm); on " + device +
+           " the overflow probe's fp8 range statistics predict what fp8 would do";
 #ifdef TRAINSCOPE_TORCH_CUDA
+  if (cuda && c.precision == "fp8") {
+    const auto* props = at::cuda::getDeviceProperties(static_cast<int>(std::stoll(device.substr(5))));
+    if (props->major * 10 + props->minor < 89)
+      return "fp8 needs compute capability 8.9 or newer; " + std::string(props->name) + " has " +
+             std::to_string(props->major) + "." + std::to_string(props->minor);
+  }
   if (cuda && (c.precision == "tf32" || c.precision.rfind("bf16", 0) == 0)) {
     const auto* props = at::cuda::getDeviceProperties(static_cast<int>(std::stoll(device.substr(5))));
     if (props->major < 8)
@@ -55,6 +64,11 @@ std::string unsupported_reason(const RunConfig& c, const std::string& device) {
              std::to_string(props->major) + "." + std::to_string(props->minor);
   }
 #endif
+  if (c.kind != "train") {
+    if (c.world_size > 1) return c.kind + " measures one device; world_size " + std::to_string(c.world_size) + " is for training cells";
+    if (c.kind == "copy-bandwidth" && !cuda) return "host-device copies need a GPU; this cell runs on " + device;
+    return "";
+  }
   const ModelPreset& m = model_preset(c.model);
   if (c.checkpoint == "selective" && m.family != "gpt")
     return "selective checkpointing recomputes the attention core; " + m.name + " has no attention (it would equal none)";
@@ -263,6 +277,7 @@ torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
   torch::Tensor loss;
   {
     compat::AutocastGuard autocast(device_.type(), mode_.autocast_dtype, mode_.autocast);
+    Fp8Scope fp8(mode_.fp8, config_.fp8_scaling == "delayed");
     loss = model_->loss(batch);
   }
   hooks.forward_end(si);

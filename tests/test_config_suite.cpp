@@ -78,7 +78,7 @@ TEST(SuiteFile, ErrorsNameTheKeyAndTheAllowedValues) {
   EXPECT_NE(parse("[base]\nsteps=1\n").find("missing 'name'"), std::string::npos);
   // A TOML syntax error names the line and column.
   EXPECT_NE(parse("name = 'x'\n[base\n").find("bad.toml:2:"), std::string::npos);
-  EXPECT_NE(error_of([] { load_suite("no-such-suite"); }).find("built-in: checkpointing, parallel, parity, precision, quick"), std::string::npos);
+  EXPECT_NE(error_of([] { load_suite("no-such-suite"); }).find("built-in: checkpointing, hardware, parallel, parity, precision, quick"), std::string::npos);
 }
 
 TEST(SuiteFile, ExtraCellsBesideTheMatrix) {
@@ -98,8 +98,8 @@ loss_multiplier = 1e8
   EXPECT_EQ(expand(s, "stress").size(), 1u);
   EXPECT_NE(error_of([] { parse_suite("name='x'\n[[cells]]\nmodel='mlp'\n", "c.toml"); }).find("needs a name"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_suite("name='x'\n[[cells]]\nname='a'\nprecision='fp8'\n", "c.toml"); })
-                .find("unknown precision 'fp8'"),
+  EXPECT_NE(error_of([] { parse_suite("name='x'\n[[cells]]\nname='a'\nprecision='fp4'\n", "c.toml"); })
+                .find("unknown precision 'fp4'"),
             std::string::npos);
 }
 
@@ -135,7 +135,7 @@ TEST(Config, BuiltinSuitesParse) {
   ASSERT_EQ(ckpt.size(), 16u);  // 2 models x 4 policies x 2 batch sizes
   EXPECT_EQ(ckpt[2].name, "gpt-tiny/ckpt-full/bs16");
   EXPECT_EQ(load_suite("checkpointing").frontier["budget"], "64MiB");
-  ASSERT_EQ(precision.size(), 15u);  // 2 models x 6 modes + 3 stress cells
+  ASSERT_EQ(precision.size(), 17u);  // 2 models x 7 modes + 3 stress cells
   EXPECT_EQ(precision[4].name, "mlp/16-mixed-noscale");
   EXPECT_EQ(quick[0].name, "mlp/32-true");
   EXPECT_EQ(quick[3].name, "gpt-tiny/bf16-mixed");

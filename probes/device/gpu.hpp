@@ -27,4 +27,9 @@ constexpr bool torch_cuda_pieces() {
 // NVTX ranges "step N", "forward", "backward", "optimizer" for Nsight Systems; null without the toolkit.
 std::shared_ptr<Probe> make_nvtx_probe();
 
+// The GPU timeline (metrics.timeline): CUPTI kernel and memcpy records of the measured steps, their
+// compute / communication overlap, exposed communication, idle time and top kernels. Its section
+// says {"available": false, "reason"} wherever CUPTI cannot run (no toolkit, no device, CPU cells).
+std::shared_ptr<Probe> make_timeline_probe();
+
 }  // namespace trainscope::probes

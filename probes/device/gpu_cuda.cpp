@@ -50,6 +50,52 @@ json cupti_version() {
   return f && f(&v) == 0 ? json(v) : json(nullptr);
 }
 
+// NVML, opened at run time (it comes with the driver, not the toolkit): the driver, and per GPU the
+// clocks, the power limit and the temperature, which say whether a slow device is being held back.
+// The few declarations needed, from NVML's stable C ABI (nvml.h is not part of the toolkit here).
+json nvml_state() {
+  using Handle = void*;
+  using Init = int (*)();
+  using Count = int (*)(unsigned*);
+  using ByIndex = int (*)(unsigned, Handle*);
+  using Clock = int (*)(Handle, int, unsigned*);   // nvmlClockType_t: 0 graphics, 1 SM, 2 memory
+  using Uint = int (*)(Handle, unsigned*);
+  using Temp = int (*)(Handle, int, unsigned*);    // nvmlTemperatureSensors_t: 0 GPU
+  using Driver = int (*)(char*, unsigned);
+  void* h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!h) return json{{"status", "unavailable: libnvidia-ml.so.1 not found (no NVIDIA driver)"}};
+  auto sym = [h](const char* n) { return dlsym(h, n); };
+  auto init = reinterpret_cast<Init>(sym("nvmlInit_v2"));
+  if (!init || init() != 0) return json{{"status", "unavailable: nvmlInit failed"}};
+  json j{{"status", "ok"}};
+  char driver[96] = {0};
+  if (auto f = reinterpret_cast<Driver>(sym("nvmlSystemGetDriverVersion")); f && f(driver, sizeof driver) == 0) j["driver"] = driver;
+  unsigned count = 0;
+  auto count_fn = reinterpret_cast<Count>(sym("nvmlDeviceGetCount_v2"));
+  auto by_index = reinterpret_cast<ByIndex>(sym("nvmlDeviceGetHandleByIndex_v2"));
+  auto clock = reinterpret_cast<Clock>(sym("nvmlDeviceGetClockInfo"));
+  auto max_clock = reinterpret_cast<Clock>(sym("nvmlDeviceGetMaxClockInfo"));
+  auto power_limit = reinterpret_cast<Uint>(sym("nvmlDeviceGetPowerManagementLimit"));
+  auto power = reinterpret_cast<Uint>(sym("nvmlDeviceGetPowerUsage"));
+  auto temp = reinterpret_cast<Temp>(sym("nvmlDeviceGetTemperature"));
+  json gpus = json::array();
+  if (count_fn && by_index && count_fn(&count) == 0) {
+    for (unsigned i = 0; i < count; ++i) {
+      Handle d = nullptr;
+      if (by_index(i, &d) != 0) continue;
+      auto read = [&](auto fn, auto... args) -> json {
+        unsigned v = 0;
+        return fn && fn(d, args..., &v) == 0 ? json(v) : json(nullptr);
+      };
+      gpus.push_back({{"index", i}, {"sm_clock_mhz", read(clock, 1)}, {"max_sm_clock_mhz", read(max_clock, 1)},
+                      {"memory_clock_mhz", read(clock, 2)}, {"power_limit_mw", read(power_limit)},
+                      {"power_mw", read(power)}, {"temperature_c", read(temp, 0)}});
+    }
+  }
+  j["gpus"] = gpus;
+  return j;
+}
+
 class NvtxProbe : public Probe {
  public:
   std::string name() const override { return "nvtx"; }
@@ -106,6 +152,7 @@ json gpu_inventory() {
   j["cudnn_version"] = cudnn_version();
   j["nccl_version"] = nccl_version();
   j["cupti_version"] = cupti_version();
+  j["nvml"] = nvml_state();
   return j;
 }
 

@@ -10,4 +10,14 @@ json gpu_inventory() {
 
 std::shared_ptr<Probe> make_nvtx_probe() { return nullptr; }
 
+namespace {
+class NoTimeline : public Probe {
+ public:
+  std::string name() const override { return "timeline"; }
+  json section() const override { return json{{"available", false}, {"reason", "built without the CUDA toolkit (no CUPTI)"}}; }
+};
+}  // namespace
+
+std::shared_ptr<Probe> make_timeline_probe() { return std::make_shared<NoTimeline>(); }
+
 }  // namespace trainscope::probes

@@ -43,14 +43,43 @@ at::Tensor fp16_range_stats(const at::Tensor& x) {
   return torch::stack({absmax, out, small});  // a NaN abs-max is reported as inf at run end
 }
 
+at::Tensor fp8_range_stats(const at::Tensor& x, const at::Tensor& earlier_amax) {
+  torch::NoGradGuard no_grad;
+  const auto a = x.detach().abs().to(torch::kFloat);
+  const double n = static_cast<double>(std::max<int64_t>(1, a.numel()));
+  auto frac = [n](const at::Tensor& mask) { return mask.sum().to(torch::kFloat) / n; };
+  const auto amax = a.numel() > 0 ? a.max() : torch::zeros({}, a.options());
+  const auto nonzero = a > 0;
+  // Scaled by max / amax, a value v lands below the normal range when v < min_normal * amax / max.
+  auto below_at_scale = [&](double max, double min_normal) {
+    return frac(torch::logical_and(nonzero, a < amax * (min_normal / max)));
+  };
+  const auto delayed = earlier_amax.defined() ? frac(torch::logical_not(a <= earlier_amax.to(a.device())))
+                                              : torch::full({}, -1.0, a.options());
+  return torch::stack({frac(torch::logical_not(a <= kE4m3Max)), frac(torch::logical_not(a <= kE5m2Max)),
+                       below_at_scale(kE4m3Max, kE4m3MinNormal), below_at_scale(kE5m2Max, kE5m2MinNormal), delayed});
+}
+
+namespace {
+// The abs-max of the previous sample of a block: delayed scaling's amax history of length one (at the
+// probe's sampling interval, not every step).
+at::Tensor earlier_amax(const std::vector<at::Tensor>& fp16_samples) {
+  return fp16_samples.empty() ? at::Tensor() : fp16_samples.back().select(0, 0);
+}
+}  // namespace
+
 void OverflowProbe::activation(int64_t, const std::string& block, const at::Tensor& x) {
   if (!blocks_.count(block)) block_order_.push_back(block);
-  blocks_[block].activations.push_back(fp16_range_stats(x));
+  Samples& s = blocks_[block];
+  s.activations_fp8.push_back(fp8_range_stats(x, earlier_amax(s.activations)));
+  s.activations.push_back(fp16_range_stats(x));
 }
 
 void OverflowProbe::gradient(int64_t, const std::string& block, const at::Tensor& g) {
   if (!blocks_.count(block)) block_order_.push_back(block);
-  blocks_[block].gradients.push_back(fp16_range_stats(g));
+  Samples& s = blocks_[block];
+  s.gradients_fp8.push_back(fp8_range_stats(g, earlier_amax(s.gradients)));
+  s.gradients.push_back(fp16_range_stats(g));
 }
 
 void OverflowProbe::step_end(const StepInfo& s) {
@@ -114,10 +143,34 @@ void OverflowProbe::run_end(const RunEnd& e) {
                 {"frac_below_fp16_normal", all.select(1, 2).mean().item<double>()},
                 {"samples", samples.size()}};
   };
+  auto summarize_fp8 = [](const std::vector<at::Tensor>& samples) -> json {
+    if (samples.empty()) return nullptr;
+    const auto all = torch::stack(samples).to(torch::kCPU);  // [n, 5]
+    const auto delayed = all.select(1, 4);
+    const auto have = delayed >= 0;  // the first sample has no earlier amax
+    return json{{"frac_beyond_e4m3", all.select(1, 0).mean().item<double>()},
+                {"frac_beyond_e5m2", all.select(1, 1).mean().item<double>()},
+                {"frac_below_e4m3_normal_at_amax_scale", all.select(1, 2).mean().item<double>()},
+                {"frac_below_e5m2_normal_at_amax_scale", all.select(1, 3).mean().item<double>()},
+                {"frac_beyond_range_delayed_scaling",
+                 have.any().item<bool>() ? json(delayed.masked_select(have).mean().item<double>()) : json(nullptr)}};
+  };
+  json fp8_blocks = json::array();
   for (const auto& name : block_order_) {
     const Samples& s = blocks_.at(name);
     const json act = summarize(s.activations), grad = summarize(s.gradients);
-    layers.push_back({{"block", name}, {"activation", act}, {"gradient", grad}});
+    json fp8{{"activation", summarize_fp8(s.activations_fp8)}, {"gradient", summarize_fp8(s.gradients_fp8)}};
+    layers.push_back({{"block", name}, {"activation", act}, {"gradient", grad}, {"fp8", fp8}});
+    // fp8 risk: activations (e4m3) or gradients (e5m2) with >= 1% of non-zeros under the normal range at
+    // the amax scale, or any value past the range under delayed scaling.
+    auto risky = [](const json& v, const char* below) {
+      if (v.is_null()) return false;
+      const json& d = v["frac_beyond_range_delayed_scaling"];
+      return v[below].get<double>() >= 0.01 || (d.is_number() && d.get<double>() > 0);
+    };
+    if (risky(fp8["activation"], "frac_below_e4m3_normal_at_amax_scale") ||
+        risky(fp8["gradient"], "frac_below_e5m2_normal_at_amax_scale"))
+      fp8_blocks.push_back(name);
     auto over = [](const json& v) { return !v.is_null() && v["frac_beyond_fp16"].get<double>() > 0; };
     auto under = [](const json& v) { return !v.is_null() && v["frac_below_fp16_normal"].get<double>() >= 0.01; };
     if (over(act) || over(grad)) overflow_blocks.push_back(name);
@@ -127,7 +180,10 @@ void OverflowProbe::run_end(const RunEnd& e) {
   j["layers"] = layers;
   j["overflow_blocks"] = overflow_blocks;    // any sampled value beyond fp16's range
   j["underflow_blocks"] = underflow_blocks;  // >= 1% of gradients below fp16's normal range
-  j["thresholds"] = {{"fp16_max", kFp16Max}, {"fp16_min_normal", kFp16MinNormal}, {"underflow_block_frac", 0.01}};
+  j["fp8_risk_blocks"] = fp8_blocks;  // e4m3 activations / e5m2 gradients losing values at amax scaling
+  j["thresholds"] = {{"fp16_max", kFp16Max}, {"fp16_min_normal", kFp16MinNormal}, {"underflow_block_frac", 0.01},
+                     {"e4m3_max", kE4m3Max}, {"e4m3_min_normal", kE4m3MinNormal}, {"e5m2_max", kE5m2Max},
+                     {"e5m2_min_normal", kE5m2MinNormal}};
   section_ = j;
 }
 

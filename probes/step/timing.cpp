@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include "core/datasheet.hpp"
 #include "core/stats.hpp"
 
 #ifdef TRAINSCOPE_TORCH_CUDA
@@ -70,6 +71,7 @@ std::unique_ptr<StepClock> make_step_clock(const std::string& device) {
 
 std::string compute_dtype(const std::string& precision) {
   if (precision == "bf16-mixed") return "bf16";
+  if (precision == "fp8") return "fp8";  // its MFU is against the fp8 peak
   if (precision == "tf32") return "tf32";
   if (precision == "64-true") return "fp64";
   return "fp32";
@@ -85,6 +87,12 @@ double measure_gemm_peak(const std::string& device, const std::string& dtype, in
   torch::NoGradGuard no_grad;
   auto opts = torch::TensorOptions().dtype(scalar).device(device);
   auto a = torch::randn({n, n}, opts), b = torch::randn({n, n}, opts), c = torch::empty({n, n}, opts);
+  const bool fp8 = dtype == "fp8" && cuda;  // e4m3 through _scaled_mm (fp8 cells run on sm89+ only)
+  const auto one = torch::ones({}, opts.dtype(torch::kFloat));
+  if (fp8) {
+    a = a.to(torch::kFloat8_e4m3fn);
+    b = b.to(torch::kFloat8_e4m3fn).t().contiguous().t();  // column-major, as _scaled_mm wants
+  }
   auto sync = [&] {
     if (cuda) torch::cuda::synchronize();
   };
@@ -92,7 +100,8 @@ double measure_gemm_peak(const std::string& device, const std::string& dtype, in
   for (int r = 0; r <= repeats; ++r) {  // the first run warms up and is not counted
     sync();
     const auto t0 = std::chrono::steady_clock::now();
-    torch::mm_out(c, a, b);
+    if (fp8) at::_scaled_mm(a, b, one, one, std::nullopt, std::nullopt, torch::kBFloat16);
+    else torch::mm_out(c, a, b);
     sync();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r > 0) best = std::max(best, 2.0 * n * n * n / s);
@@ -111,8 +120,30 @@ void TimingProbe::run_begin(const RunInfo& info) {
   }
 }
 
+json throughput_windows(const std::vector<double>& ends, int64_t samples_per_step, double window_s) {
+  json windows = json::array();
+  if (ends.size() < 2 || window_s <= 0) return json{{"window_s", window_s}, {"windows", windows}, {"drop", nullptr}};
+  // A window starts at the end of a step and holds the steps that end within window_s after it.
+  size_t first = 0;
+  for (size_t i = 1; i < ends.size(); ++i) {
+    if (ends[i] - ends[first] < window_s) continue;
+    const double span = ends[i] - ends[first];
+    const double steps = static_cast<double>(i - first);
+    windows.push_back({{"start_s", ends[first] - ends[0]}, {"samples_per_s", steps * samples_per_step / span},
+                       {"steps", i - first}});
+    first = i;
+  }
+  json drop = nullptr;
+  if (windows.size() >= 2) {
+    const double a = windows.front()["samples_per_s"], b = windows.back()["samples_per_s"];
+    drop = a > 0 ? json(1.0 - b / a) : json(nullptr);
+  }
+  return json{{"window_s", window_s}, {"windows", windows}, {"drop", drop}};
+}
+
 void TimingProbe::step_end(const StepInfo& s) {
   if (!s.measured) return;
+  step_ends_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
   clock_->mark(4);
   clock_->finish_step();
 }
@@ -157,6 +188,14 @@ json TimingProbe::section() const {
   const double hw_flops = samples_per_s * (info_.flops_per_sample + info_.recompute_flops_per_sample);
   j["recompute_flops_per_sample"] = info_.recompute_flops_per_sample;
   j["hfu"] = peak > 0 ? json(hw_flops / peak) : json(nullptr);
+  // The datasheet's dense peak of the cell's compute dtype, for a device known exactly; else null.
+  const std::string dtype = info_.config ? compute_dtype(info_.config->precision) : "fp32";
+  const auto sheet = datasheet_peak_flops(device_name(info_.device), dtype);
+  j["compute_dtype"] = dtype;
+  j["datasheet_peak_flops_per_s"] = sheet ? json(*sheet) : json(nullptr);
+  j["mfu_datasheet"] = sheet ? json(flops / (*sheet * world)) : json(nullptr);
+  j["throughput_over_run"] =
+      throughput_windows(step_ends_, samples_per_step_, info_.config ? info_.config->sustain_window_s : 60.0);
   return j;
 }
 

@@ -50,7 +50,13 @@ class TimingProbe : public Probe {
   bool measure_peak_;
   std::unique_ptr<StepClock> clock_;
   std::vector<std::array<double, 4>> steps_;
+  std::vector<double> step_ends_;  // host seconds at each measured step's end: throughput over the run
   int64_t samples_per_step_ = 0;
 };
+
+// Throughput per window of `window_s` seconds of the measured steps (step ends binned by host time):
+// [{"start_s", "samples_per_s", "steps"}], full windows only, plus the drop from the first to the last
+// window (throttling shows as a drop). Null drop with fewer than two full windows.
+json throughput_windows(const std::vector<double>& step_ends, int64_t samples_per_step, double window_s);
 
 }  // namespace trainscope::probes

@@ -12,6 +12,8 @@
 #include <torch/cuda.h>
 
 #include "core/build_info.hpp"
+#include "core/datasheet.hpp"
+#include "core/units.hpp"
 #include "core/errors.hpp"
 #include "probes/device/env.hpp"
 #include "probes/device/gpu.hpp"
@@ -23,6 +25,7 @@
 #include "runners/commands/parity.hpp"
 #include "runners/commands/suite_run.hpp"
 #include "suites/data.hpp"
+#include "suites/hardware/measure.hpp"
 #include "suites/suite_file.hpp"
 #include "suites/train.hpp"
 
@@ -81,6 +84,42 @@ int list_command() {
       values = "default " + (k.default_value.is_string() ? k.default_value.get<std::string>() : k.default_value.dump());
     }
     std::printf("  %-13s %s\n  %-13s   %s\n", k.name.c_str(), k.help.c_str(), "", values.c_str());
+  }
+  return 0;
+}
+
+// `trainscope peak`: the achievable GEMM FLOP/s per dtype on one device, as a table and JSON.
+int peak_command(const std::string& requested, std::vector<std::string> dtypes, bool thorough, const std::string& out) {
+  const std::string device = suites::resolve_device(requested);
+  if (const std::string why = suites::device_unavailable(device); !why.empty()) throw UsageError(why);
+  if (dtypes.empty()) dtypes = suites::peak_dtypes(device);
+  for (const auto& d : dtypes)
+    if (suites::gemm_unsupported("cuda", d).rfind("unknown", 0) == 0) throw UsageError(suites::gemm_unsupported("cuda", d));
+  probes::configure_threads(0);
+  json results = json::array();
+  std::printf("GEMM peak on %s (%s)%s\n", device.c_str(), device_name(device).c_str(), thorough ? ", thorough sweep" : "");
+  std::printf("%-6s %14s %18s %14s %14s %12s %10s\n", "dtype", "TFLOPS (mean)", "best shape", "median", "max",
+              "datasheet", "of sheet");
+  for (const auto& dtype : dtypes) {
+    const json r = suites::gemm_peak(device, dtype, thorough);
+    results.push_back(r);
+    if (r.contains("skipped")) {
+      std::printf("%-6s skipped: %s\n", dtype.c_str(), r["skipped"].get<std::string>().c_str());
+      continue;
+    }
+    const json& s = r["best_shape"];
+    const std::string shape = std::to_string(s[0].get<int64_t>()) + "x" + std::to_string(s[1].get<int64_t>()) + "x" +
+                              std::to_string(s[2].get<int64_t>());
+    auto tf = [](const json& v) { return v.is_number() ? format_fixed(v.get<double>() / 1e12, 2) : std::string("-"); };
+    const std::string frac = r["fraction_of_datasheet"].is_number()
+                                 ? format_fixed(100 * r["fraction_of_datasheet"].get<double>(), 1) + "%" : "-";
+    std::printf("%-6s %14s %18s %14s %14s %12s %10s\n", dtype.c_str(), tf(r["achievable_flops_per_s"]).c_str(),
+                shape.c_str(), tf(r["best_median_flops_per_s"]).c_str(), tf(r["best_max_flops_per_s"]).c_str(),
+                tf(r["datasheet_flops_per_s"]).c_str(), frac.c_str());
+  }
+  if (!out.empty()) {
+    reports::write_json_atomic(out, json{{"device", device}, {"device_name", device_name(device)}, {"gemm", results}});
+    std::printf("written: %s\n", out.c_str());
   }
   return 0;
 }
@@ -215,6 +254,15 @@ int cli_main(int argc, char** argv) {
   parity_cmd->add_option("--reference", parity.reference,
                          std::string("folder of reference.py (default ") + parity_reference_dir() + ")");
 
+  std::string peak_device = "auto", peak_out;
+  std::vector<std::string> peak_dtypes;
+  bool peak_thorough = false;
+  auto* peak_cmd = app.add_subcommand("peak", "Achievable GEMM FLOP/s per dtype (mamf-finder's method), against the datasheet");
+  peak_cmd->add_option("--device", peak_device, "auto | cpu | cuda | cuda:<index>")->capture_default_str();
+  peak_cmd->add_option("--dtypes", peak_dtypes, "fp32 tf32 bf16 fp16 fp8 fp64 (default: what the device has)");
+  peak_cmd->add_flag("--thorough", peak_thorough, "the long shape sweep");
+  peak_cmd->add_option("--out", peak_out, "also write the results as JSON to this file");
+
   std::string export_report;
   bool export_bmf = false;
   auto* export_cmd = app.add_subcommand("export", "Write a report's figures for dashboards");
@@ -241,7 +289,7 @@ int cli_main(int argc, char** argv) {
     bool known = false;
     for (const auto* sub : app.get_subcommands({})) known = known || sub->check_name(word);
     if (!known) {
-      std::fprintf(stderr, "trainscope: error: unknown command '%s' (allowed: run, list, env, report, compare, parity, export, trace)\n", word.c_str());
+      std::fprintf(stderr, "trainscope: error: unknown command '%s' (allowed: run, list, env, report, compare, parity, peak, export, trace)\n", word.c_str());
       return 2;
     }
   }
@@ -273,6 +321,7 @@ int cli_main(int argc, char** argv) {
     }
     if (report_cmd->parsed()) return report_command(report_dir);
     if (compare_cmd->parsed()) return compare_command(cmp);
+    if (peak_cmd->parsed()) return peak_command(peak_device, peak_dtypes, peak_thorough, peak_out);
     if (parity_cmd->parsed()) {
       for (const auto& kv : parity_sets) parity.run.sets.push_back(split_set(kv));
       return parity_command(parity);

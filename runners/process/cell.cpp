@@ -8,16 +8,18 @@
 #include <thread>
 
 #include "core/errors.hpp"
-#include "probes/distributed/comm.hpp"
+#include "core/datasheet.hpp"
 #include "probes/device/env.hpp"
 #include "probes/device/gpu.hpp"
-#include "probes/step/memory.hpp"
-#include "probes/numerics/overflow.hpp"
+#include "probes/distributed/comm.hpp"
 #include "probes/distributed/rng.hpp"
+#include "probes/numerics/overflow.hpp"
+#include "probes/step/memory.hpp"
 #include "probes/step/timing.hpp"
 #include "probes/trace/trace.hpp"
 #include "reports/report.hpp"
 #include "suites/comm.hpp"
+#include "suites/hardware/measure.hpp"
 #include "suites/train.hpp"
 
 #ifdef TRAINSCOPE_TORCH_CUDA
@@ -202,6 +204,24 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
       want_threads = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) / rk.local_world);
     const int threads = probes::configure_threads(want_threads);
 
+    if (config.kind != "train") {
+      // The hardware itself: one measurement, no training loop.
+      json cell = cell_without_metrics(name, config.to_json(), device, "ok", "");
+      cell["threads"] = threads;
+      cell["device_name"] = device_name(device);
+      json hw;
+      if (config.kind == "gemm-peak") {
+        hw["gemm"] = json::array();
+        for (const auto& dtype : suites::peak_dtypes(device)) hw["gemm"].push_back(suites::gemm_peak(device, dtype, config.thorough));
+      } else if (config.kind == "memory-bandwidth") {
+        hw["memory"] = suites::memory_bandwidth(device);
+      } else {
+        hw["copy"] = suites::copy_bandwidth(device);
+      }
+      cell["metrics"] = json{{"hardware", hw}};
+      reports::write_json_atomic(result_path, cell);
+      return 0;
+    }
     Hooks hooks;
     // First, so that the timeline has the set-up collectives too.
     if (config.trace) hooks.add(std::make_shared<probes::TraceProbe>(trace_path(result_path), rk.rank));
@@ -226,6 +246,7 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
     if (config.inject != "none") hooks.add(std::make_shared<FaultProbe>(config, rk.rank));
     if (device.rfind("cuda", 0) == 0)
       if (auto nvtx = probes::make_nvtx_probe()) hooks.add(nvtx);
+    if (config.timeline) hooks.add(probes::make_timeline_probe());
 
     const RunInfo info = trainer.info();
     const suites::TrainOutcome outcome = suites::train(trainer, config, hooks, info);
@@ -258,6 +279,14 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
     for (const auto& p : hooks.probes())
       if (p->name() != "nvtx" && p->name() != "fault") metrics[p->name()] = p->section();
     metrics["quality"] = quality_section(outcome);
+    if (metrics.contains("comm") && metrics.contains("timeline") && metrics["timeline"].value("available", false)) {
+      // On a GPU the device's timeline says what the step waited for; the host's view stays beside it.
+      json& c = metrics["comm"];
+      c["host_view"] = {{"exposed_comm_time_s", c["exposed_comm_time_s"]}, {"overlap", c["overlap"]}};
+      c["exposed_comm_time_s"] = metrics["timeline"]["exposed_communication_s"];
+      c["overlap"] = metrics["timeline"]["overlap"];
+      c["overlap_source"] = "device timeline (CUPTI)";
+    }
     cell["metrics"] = metrics;
     if (config.save_parameters) {
       std::vector<torch::Tensor> params;

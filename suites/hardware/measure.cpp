@@ -1,0 +1,238 @@
+#include "suites/hardware/measure.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+#include "core/datasheet.hpp"
+
+#ifdef TRAINSCOPE_TORCH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#endif
+
+namespace trainscope::suites {
+namespace {
+
+bool is_cuda(const std::string& device) { return device.rfind("cuda", 0) == 0; }
+
+torch::ScalarType scalar_of(const std::string& dtype) {
+  if (dtype == "bf16") return torch::kBFloat16;
+  if (dtype == "fp16") return torch::kHalf;
+  if (dtype == "fp64") return torch::kDouble;
+  return torch::kFloat;  // fp32, tf32 (fp32 storage, TF32 tensor cores), and fp8's source
+}
+
+void sync(const std::string& device) {
+  if (is_cuda(device)) torch::cuda::synchronize();
+}
+
+// Seconds of one call of `fn`: CUDA events on the current stream on a GPU, the host clock on CPU.
+template <typename Fn>
+double time_once(const std::string& device, Fn&& fn) {
+#ifdef TRAINSCOPE_TORCH_CUDA
+  if (is_cuda(device)) {
+    at::cuda::CUDAEvent start(cudaEventDefault), end(cudaEventDefault);
+    auto stream = at::cuda::getCurrentCUDAStream();
+    start.record(stream);
+    fn();
+    end.record(stream);
+    end.synchronize();
+    return start.elapsed_time(end) / 1e3;
+  }
+#endif
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+json shape_json(const GemmShape& s) { return {s.m, s.n, s.k}; }
+
+}  // namespace
+
+std::vector<std::string> peak_dtypes(const std::string& device) {
+  if (is_cuda(device)) return {"fp32", "tf32", "bf16", "fp16", "fp8"};
+  return {"fp32", "bf16", "fp16"};
+}
+
+std::string gemm_unsupported(const std::string& device, const std::string& dtype) {
+  const auto dtypes = peak_dtypes("cuda");
+  if (std::find(dtypes.begin(), dtypes.end(), dtype) == dtypes.end() && dtype != "fp64")
+    return "unknown dtype '" + dtype + "' (fp32, tf32, bf16, fp16, fp8, fp64)";
+  if (!is_cuda(device)) {
+    if (dtype == "tf32") return "tf32 is a CUDA tensor-core mode; this is " + device;
+    if (dtype == "fp8") return "fp8 GEMMs (at::_scaled_mm) need a CUDA GPU of compute capability 8.9 or newer";
+    return "";
+  }
+#ifdef TRAINSCOPE_TORCH_CUDA
+  if (!torch::cuda::is_available()) return "no CUDA device visible to LibTorch";
+  const auto* p = at::cuda::getDeviceProperties(device.size() > 5 ? std::stoi(device.substr(5)) : 0);
+  const int cc = p->major * 10 + p->minor;
+  if (dtype == "fp8" && cc < 89) return "fp8 needs compute capability 8.9 or newer; this GPU has " + std::to_string(p->major) + "." + std::to_string(p->minor);
+  if ((dtype == "tf32" || dtype == "bf16") && cc < 80) return dtype + " needs compute capability 8.0 or newer";
+  return "";
+#else
+  return "this build's LibTorch has no CUDA";
+#endif
+}
+
+std::vector<GemmShape> peak_shapes(const std::string& device, bool thorough) {
+  std::vector<GemmShape> out;
+  if (!is_cuda(device)) {
+    // A CPU reaches its peak at modest sizes; 2 cores cannot afford a GPU-sized sweep.
+    for (int64_t m : thorough ? std::vector<int64_t>{256, 512, 1024, 1536, 2048} : std::vector<int64_t>{256, 512, 1024})
+      out.push_back({m, 1024, 1024});
+    return out;
+  }
+  // Around the best published shapes (mamf-finder's H100/H200 rows: 2048x2048x13312, 1280x4096x12032,
+  // 1024x9216x14336): m swept in multiples of 256 at two (n, k); thorough sweeps all three dims.
+  if (!thorough) {
+    for (int64_t m : {1024, 1280, 2048, 4096, 8192}) {
+      out.push_back({m, 4096, 12032});
+      out.push_back({m, 2048, 13312});
+    }
+    return out;
+  }
+  for (int64_t m = 1024; m <= 16384; m += 1024)
+    for (int64_t n = 1024; n <= 16384; n += 3072)
+      for (int64_t k = 4096; k <= 16384; k += 4096) out.push_back({m, n, k});
+  return out;
+}
+
+GemmTiming time_gemm(const std::string& device, const std::string& dtype, const GemmShape& s, int warmup, int iterations) {
+  torch::NoGradGuard no_grad;
+  auto& ctx = at::globalContext();
+  const bool tf32_before = ctx.allowTF32CuBLAS();
+  ctx.setAllowTF32CuBLAS(dtype == "tf32");
+  const auto opts = torch::TensorOptions().dtype(scalar_of(dtype)).device(device);
+  torch::Tensor a = torch::randn({s.m, s.k}, opts), b = torch::randn({s.n, s.k}, opts).t(), c;
+  std::function<void()> run;
+  if (dtype == "fp8") {
+    // mamf-finder's fp8: e4m3 operands, fp32 scalar scales of 1, the product in bf16.
+    a = a.to(torch::kFloat8_e4m3fn);
+    b = torch::randn({s.n, s.k}, opts).to(torch::kFloat8_e4m3fn).t();
+    const auto one = torch::ones({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+    run = [a, b, one] { at::_scaled_mm(a, b, one, one, std::nullopt, std::nullopt, torch::kBFloat16); };
+  } else {
+    c = torch::empty({s.m, s.n}, opts);
+    run = [a, b, c]() mutable { torch::mm_out(c, a, b); };
+  }
+  // Between iterations a 256 MiB write evicts the operands from L2 on a GPU (mamf-finder); a CPU's
+  // caches are smaller than these operands anyway.
+  torch::Tensor flush = is_cuda(device) ? torch::empty({256 << 20}, torch::TensorOptions().dtype(torch::kUInt8).device(device)) : torch::Tensor();
+  for (int i = 0; i < warmup; ++i) run();
+  sync(device);
+  std::vector<double> rates;
+  const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
+  for (int i = 0; i < iterations; ++i) {
+    if (flush.defined()) flush.zero_();
+    const double t = time_once(device, run);
+    if (t > 0) rates.push_back(flops / t);
+  }
+  ctx.setAllowTF32CuBLAS(tf32_before);
+  GemmTiming g{s};
+  g.iterations = static_cast<int>(rates.size());
+  if (!rates.empty()) {
+    g.mean = std::accumulate(rates.begin(), rates.end(), 0.0) / static_cast<double>(rates.size());
+    g.median = median_of(rates);
+    g.max = *std::max_element(rates.begin(), rates.end());
+  }
+  return g;
+}
+
+json gemm_peak(const std::string& device, const std::string& dtype, bool thorough) {
+  json out{{"dtype", dtype}};
+  if (const std::string why = gemm_unsupported(device, dtype); !why.empty()) {
+    out["skipped"] = why;
+    return out;
+  }
+  const bool cuda = is_cuda(device);
+  // GPU: mamf-finder's 50 warm-up and 100 timed iterations; CPU: a GEMM takes milliseconds, not us.
+  const int warmup = cuda ? 50 : 2, iterations = cuda ? 100 : 8;
+  json shapes = json::array();
+  GemmTiming best_mean, best_median, best_max;
+  for (const auto& s : peak_shapes(device, thorough)) {
+    const GemmTiming g = time_gemm(device, dtype, s, warmup, iterations);
+    shapes.push_back({{"shape", shape_json(s)}, {"mean_flops_per_s", g.mean}, {"median_flops_per_s", g.median},
+                      {"max_flops_per_s", g.max}, {"iterations", g.iterations}});
+    if (g.mean > best_mean.mean) best_mean = g;
+    if (g.median > best_median.median) best_median = g;
+    if (g.max > best_max.max) best_max = g;
+  }
+  out["method"] = "mamf-finder: torch.mm(A, B^T view) per shape, " + std::to_string(warmup) + " warm-up + " +
+                  std::to_string(iterations) + " timed iterations" + (cuda ? " with an L2 flush, CUDA events" : ", host clock");
+  out["achievable_flops_per_s"] = best_mean.mean;  // the published statistic: the best shape's mean
+  out["best_shape"] = shape_json(best_mean.shape);
+  out["best_median_flops_per_s"] = best_median.median;
+  out["best_max_flops_per_s"] = best_max.max;
+  out["shapes"] = shapes;
+  const std::string name = device_name(device);
+  out["device_name"] = name;
+  if (const auto peak = datasheet_peak_flops(name, dtype)) {
+    out["datasheet_flops_per_s"] = *peak;
+    out["fraction_of_datasheet"] = best_mean.mean / *peak;
+  } else {
+    out["datasheet_flops_per_s"] = nullptr;
+    out["fraction_of_datasheet"] = nullptr;
+  }
+  return out;
+}
+
+json memory_bandwidth(const std::string& device) {
+  torch::NoGradGuard no_grad;
+  const bool cuda = is_cuda(device);
+  const int64_t bytes = cuda ? (int64_t{2} << 30) : (int64_t{256} << 20);
+  const auto opts = torch::TensorOptions().dtype(torch::kUInt8).device(device);
+  torch::Tensor src = torch::ones({bytes}, opts), dst = torch::empty({bytes}, opts);
+  dst.copy_(src);  // warm-up: pages touched, kernels loaded
+  sync(device);
+  std::vector<double> rates;
+  for (int i = 0; i < (cuda ? 20 : 5); ++i) {
+    const double t = time_once(device, [&] { dst.copy_(src); });
+    if (t > 0) rates.push_back(2.0 * static_cast<double>(bytes) / t);  // read + write
+  }
+  const double best = rates.empty() ? 0.0 : *std::max_element(rates.begin(), rates.end());
+  json out{{"method", "copy_ of a " + std::to_string(bytes >> 20) + " MiB buffer, bytes read + written per second, best of " +
+                          std::to_string(rates.size())},
+           {"bytes", bytes},
+           {"bandwidth_gbps", best / 1e9},
+           {"median_gbps", median_of(rates) / 1e9}};
+  const std::string name = device_name(device);
+  out["device_name"] = name;
+  if (const auto d = datasheet_for(name)) {
+    out["datasheet_gbps"] = d->memory_gbps;
+    out["fraction_of_datasheet"] = best / 1e9 / d->memory_gbps;
+  } else {
+    out["datasheet_gbps"] = nullptr;
+    out["fraction_of_datasheet"] = nullptr;
+  }
+  return out;
+}
+
+json copy_bandwidth(const std::string& device) {
+  if (!is_cuda(device)) return json{{"skipped", "host-device copies need a GPU; this cell runs on " + device}};
+  torch::NoGradGuard no_grad;
+  const int64_t bytes = int64_t{1} << 30;
+  torch::Tensor host = torch::ones({bytes}, torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(true));
+  torch::Tensor dev = torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).device(device));
+  auto rate = [&](bool to_device) {
+    std::vector<double> r;
+    for (int i = 0; i < 6; ++i) {
+      const double t = time_once(device, [&] { to_device ? dev.copy_(host, true) : host.copy_(dev, true); });
+      if (i > 0 && t > 0) r.push_back(static_cast<double>(bytes) / t / 1e9);
+    }
+    return r.empty() ? 0.0 : *std::max_element(r.begin(), r.end());
+  };
+  return json{{"method", "1 GiB through pinned host memory, best of 5 after one warm-up"},
+              {"bytes", bytes},
+              {"host_to_device_gbps", rate(true)},
+              {"device_to_host_gbps", rate(false)}};
+}
+
+}  // namespace trainscope::suites

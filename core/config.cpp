@@ -84,9 +84,9 @@ const std::vector<KeySpec>& config_keys() {
       {"seed", KeyKind::Int, {}, 0, "seed of every generator", 0},
       {"device", KeyKind::String, {}, "auto", "auto, cpu, cuda or cuda:<index>"},
       {"threads", KeyKind::Int, {}, 0, "intra-op CPU threads; 0: one per core", 0},
-      {"kind", KeyKind::Choice, {"train", "gemm-peak", "memory-bandwidth", "copy-bandwidth"}, "train",
+      {"kind", KeyKind::Choice, {"train", "gemm-peak", "memory-bandwidth", "copy-bandwidth", "collectives"}, "train",
        "what the cell measures: a training run, or the hardware (the GEMM peak per dtype, device memory bandwidth, "
-       "host-device copy bandwidth)"},
+       "host-device copy bandwidth, collectives' busbw per size on world_size ranks)"},
       {"thorough", KeyKind::Bool, {}, false, "gemm-peak: the long shape sweep (minutes per dtype on a GPU)"},
       {"timeline", KeyKind::Bool, {}, false,
        "CUDA: record the GPU timeline with CUPTI (compute/communication overlap, idle time, top kernels)"},

@@ -34,7 +34,7 @@ json validate_value(const std::string& key, const json& value);
 json parse_value(const std::string& key, const std::string& text);
 
 struct RunConfig {
-  std::string kind = "train";  // train | gemm-peak | memory-bandwidth | copy-bandwidth
+  std::string kind = "train";  // train | gemm-peak | memory-bandwidth | copy-bandwidth | collectives
   bool thorough = false;       // gemm-peak: the long sweep
   bool timeline = false;       // CUDA: the CUPTI timeline probe
   double sustain_window_s = 60.0;

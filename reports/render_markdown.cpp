@@ -1,8 +1,9 @@
 // report.md, and the technique tables that report.html shares.
 #include <cmath>
 #include <cstdio>
-#include <functional>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <sstream>
 
 #include "core/units.hpp"
@@ -120,6 +121,16 @@ void hardware_tables(const json& report, json& tables) {
       rows.push_back({"device memory copy", format_fixed(m.value("bandwidth_gbps", 0.0), 1) + " GB/s",
                       text_or_dash(m.value("datasheet_gbps", json()), [](double x) { return format_fixed(x, 0) + " GB/s"; }),
                       pct(m.value("fraction_of_datasheet", json())), m.value("method", "")});
+    }
+    if (hw.contains("collectives")) {
+      // Per op, the largest size: where busbw approaches the link's bandwidth.
+      std::map<std::string, json> largest;
+      for (const auto& r : value_at(c, {"metrics", "comm", "collectives"}).is_array() ? c["metrics"]["comm"]["collectives"] : json::array())
+        if (!largest.count(r.value("op", "")) || r.value("bytes", 0) > largest[r.value("op", "")].value("bytes", 0)) largest[r.value("op", "")] = r;
+      for (const auto& [op, r] : largest)
+        rows.push_back({op + " (" + hw["collectives"].value("backend", "?") + ", " + std::to_string(hw["collectives"].value("world_size", 0)) + " ranks)",
+                        "busbw " + format_fixed(r.value("busbw_gbps", 0.0), 2) + " GB/s", "-", "-",
+                        "at " + format_bytes(r.value("bytes", 0.0)) + ", " + format_seconds(r.value("time_s", 0.0)) + " per call"});
     }
     if (hw.contains("copy")) {
       const json& m = hw["copy"];

@@ -90,11 +90,12 @@ checkpoint = ["none", "full"]
 EOF
 step checkpointing "$ts" run --suite "$OUT/checkpointing.toml" --device cuda --out "$OUT/checkpointing"
 step nccl "$BUILD/bench/trainscope_collectives" --nproc 1 --backend nccl --min-bytes 1MiB --max-bytes 256MiB
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 # Qualification: the GEMM peak per dtype (fp8 through _scaled_mm on sm89+) against the datasheet, the
 # hardware suite (memory and copy bandwidth, a 2-minute sustained cell), and the CUPTI timeline on a
 # bf16 training cell (kernels, compute/communication overlap, idle time).
 step peak "$ts" peak --device cuda --out "$OUT/peak.json"
-step hardware "$ts" run --suite hardware --device cuda --set time_budget_s=120 --set model=gpt-125m \
+step hardware "$ts" run --suite hardware --device cuda --nproc "$(( gpus > 1 ? 2 : 1 ))" --set time_budget_s=120 --set model=gpt-125m \
   --set batch_size=8 --out "$OUT/hardware"
 cat > "$OUT/timeline.toml" <<'EOF'
 name = "gpu-timeline"
@@ -110,7 +111,6 @@ timeline = true
 precision = ["bf16-mixed"]
 EOF
 step timeline "$ts" run --suite "$OUT/timeline.toml" --device cuda --out "$OUT/timeline"
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [ "${gpus:-0}" -ge 2 ]; then
   step nccl-ranks "$BUILD/bench/trainscope_collectives" --nproc "$gpus" --backend nccl --max-bytes 256MiB
   step parallel "$ts" run --suite parallel --device cuda --nproc "$gpus" --out "$OUT/parallel"

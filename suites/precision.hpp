@@ -54,7 +54,7 @@ class Fp8Scope {
 };
 // x @ w^T + b: in fp8 inside an enabled Fp8Scope, else aten::linear.
 torch::Tensor project(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b);
-// Layers that ran in fp8 / stayed in bf16 since the process started (for the report).
+// Linear calls that ran in fp8 / stayed in bf16 since the process started (the cell's `fp8` section).
 std::pair<int64_t, int64_t> fp8_layer_counts();
 
 // Rounds the parameters through fp16 for one forward/backward pass and puts the fp32 master values

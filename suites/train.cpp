@@ -34,6 +34,19 @@ std::string device_unavailable(const std::string& device) {
 std::string unsupported_reason(const RunConfig& c, const std::string& device) {
   const bool cuda = device.rfind("cuda", 0) == 0;
   if (const std::string why = device_unavailable(device); !why.empty()) return why;
+  if (c.kind == "collectives") {
+    if (c.world_size < 2) return "collectives need world_size >= 2";
+    if (c.backend == "nccl" && !cuda) return "nccl needs CUDA devices; this cell runs on " + device;
+    if (cuda && c.world_size > static_cast<int64_t>(torch::cuda::device_count()))
+      return "needs " + std::to_string(c.world_size) + " GPUs on this machine; LibTorch sees " +
+             std::to_string(torch::cuda::device_count());
+    return "";
+  }
+  if (c.kind != "train") {
+    if (c.world_size > 1) return c.kind + " measures one device; world_size " + std::to_string(c.world_size) + " is for training cells";
+    if (c.kind == "copy-bandwidth" && !cuda) return "host-device copies need a GPU; this cell runs on " + device;
+    return "";
+  }
   if (c.parallel == "single" && c.world_size > 1)
     return "parallel=single runs one process; world_size " + std::to_string(c.world_size) + " needs ddp or zero1/2/3";
   if (c.parallel != "single" && c.world_size < 2) return c.parallel + " needs world_size >= 2";
@@ -64,11 +77,6 @@ std::string unsupported_reason(const RunConfig& c, const std::string& device) {
              std::to_string(props->major) + "." + std::to_string(props->minor);
   }
 #endif
-  if (c.kind != "train") {
-    if (c.world_size > 1) return c.kind + " measures one device; world_size " + std::to_string(c.world_size) + " is for training cells";
-    if (c.kind == "copy-bandwidth" && !cuda) return "host-device copies need a GPU; this cell runs on " + device;
-    return "";
-  }
   const ModelPreset& m = model_preset(c.model);
   if (c.checkpoint == "selective" && m.family != "gpt")
     return "selective checkpointing recomputes the attention core; " + m.name + " has no attention (it would equal none)";

@@ -37,7 +37,9 @@ std::string device_unavailable(const std::string& device);
 
 // What a PyTorch-side reference (tests/parity) needs to replay a run: the weights it started from,
 // every global batch, the CPU generator before the first forward (dropout masks), step 0's
-// gradients, the loss-scale pattern and the dtype each block's output had. Kept when parity_dump is on.
+// gradients, the loss-scale pattern and the dtype each block's output had. Kept when parity_dump is on
+// (the batches stay in memory, so a parity cell's peak_bytes include them; its activation bytes and
+// model-state bytes, which are what parity compares, do not).
 struct ParityRecord {
   std::vector<std::pair<std::string, torch::Tensor>> initial, first_grads;
   std::vector<torch::Tensor> inputs, targets;

@@ -246,13 +246,24 @@ TEST(HardwareSuite, RecommendationsSayWhatFallsShortAndByHowMuch) {
 TEST(HardwareSuite, TheCpuQualificationReport) {
   const std::string out = tmp("hardware");
   sh("rm -rf " + out);
-  const Result r = ts("run --suite hardware --out " + out + " --set time_budget_s=6 --set sustain_window_s=1");
+  const Result r = ts("run --suite hardware --nproc 2 --out " + out + " --set time_budget_s=6 --set sustain_window_s=1");
   ASSERT_EQ(r.code, 0) << r.out;
   const json report = read_json(out + "/report.json");
   EXPECT_EQ(validate_report(out + "/report.json").code, 0);
   std::map<std::string, json> cells;
   for (const auto& c : report["cells"]) cells[c["name"]] = c;
-  ASSERT_EQ(cells.size(), 4u);
+  ASSERT_EQ(cells.size(), 5u);
+  // nccl-tests' table on 2 Gloo ranks: 3 ops x 9 sizes (1 KiB .. 64 MiB, x4), busbw = algbw x 2(n-1)/n
+  // for all-reduce and x (n-1)/n for all-gather and reduce-scatter: 1 and 1/2 at n = 2.
+  const json& coll = cells["collectives"];
+  ASSERT_EQ(coll["status"], "ok") << coll.dump();
+  const json& rows = coll["metrics"]["comm"]["collectives"];
+  ASSERT_EQ(rows.size(), 27u);
+  for (const auto& row : rows) {
+    const double factor = row["op"] == "all-reduce" ? 1.0 : 0.5;
+    EXPECT_DOUBLE_EQ(row["busbw_gbps"].get<double>(), row["algbw_gbps"].get<double>() * factor) << row.dump();
+    EXPECT_EQ(row["count"], 5) << row.dump();  // the 2 warm-up iterations are left out
+  }
   const json& gemm = cells["kind=gemm-peak"]["metrics"]["hardware"]["gemm"];
   ASSERT_EQ(gemm.size(), 3u);  // fp32, bf16, fp16 on a CPU
   for (const auto& g : gemm) EXPECT_GT(g["achievable_flops_per_s"].get<double>(), 0) << g["dtype"];

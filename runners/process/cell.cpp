@@ -7,8 +7,8 @@
 #include <fstream>
 #include <thread>
 
-#include "core/errors.hpp"
 #include "core/datasheet.hpp"
+#include "core/errors.hpp"
 #include "probes/device/env.hpp"
 #include "probes/device/gpu.hpp"
 #include "probes/distributed/comm.hpp"
@@ -204,24 +204,6 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
       want_threads = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) / rk.local_world);
     const int threads = probes::configure_threads(want_threads);
 
-    if (config.kind != "train") {
-      // The hardware itself: one measurement, no training loop.
-      json cell = cell_without_metrics(name, config.to_json(), device, "ok", "");
-      cell["threads"] = threads;
-      cell["device_name"] = device_name(device);
-      json hw;
-      if (config.kind == "gemm-peak") {
-        hw["gemm"] = json::array();
-        for (const auto& dtype : suites::peak_dtypes(device)) hw["gemm"].push_back(suites::gemm_peak(device, dtype, config.thorough));
-      } else if (config.kind == "memory-bandwidth") {
-        hw["memory"] = suites::memory_bandwidth(device);
-      } else {
-        hw["copy"] = suites::copy_bandwidth(device);
-      }
-      cell["metrics"] = json{{"hardware", hw}};
-      reports::write_json_atomic(result_path, cell);
-      return 0;
-    }
     Hooks hooks;
     // First, so that the timeline has the set-up collectives too.
     if (config.trace) hooks.add(std::make_shared<probes::TraceProbe>(trace_path(result_path), rk.rank));
@@ -234,6 +216,46 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
           config.collective_timeout_s);
       comm->set_observer([&hooks](const CollectiveInfo& c) { hooks.collective(c); });
       hooks.add(std::make_shared<probes::CommProbe>());  // before the trainer: it sees the initial broadcast
+    }
+    if (config.kind != "train") {
+      // The hardware itself: one measurement, no training loop.
+      json cell = cell_without_metrics(name, config.to_json(), device, "ok", "");
+      cell["threads"] = threads;
+      cell["device_name"] = device_name(device);
+      json metrics;
+      if (config.kind == "gemm-peak") {
+        metrics["hardware"]["gemm"] = json::array();
+        for (const auto& dtype : suites::peak_dtypes(device))
+          metrics["hardware"]["gemm"].push_back(suites::gemm_peak(device, dtype, config.thorough));
+      } else if (config.kind == "memory-bandwidth") {
+        metrics["hardware"]["memory"] = suites::memory_bandwidth(device);
+      } else if (config.kind == "copy-bandwidth") {
+        metrics["hardware"]["copy"] = suites::copy_bandwidth(device);
+      } else {  // collectives: world_size >= 2, so the communicator and its probe exist
+        RunInfo info;
+        info.config = &config;
+        info.device = device;
+        info.rank = rk.rank;
+        info.world_size = rk.world;
+        info.collectives = comm->implementation();
+        hooks.run_begin(info);
+        suites::collectives_sweep(*comm, device, static_cast<int>(config.warmup_steps), static_cast<int>(config.steps));
+        for (const auto& p : hooks.probes())
+          if (p->name() == "comm") metrics["comm"] = p->section();
+        metrics["hardware"]["collectives"] = {{"backend", comm->backend()}, {"world_size", rk.world}};
+        cell["rank"] = rk.rank;
+        cell["world_size"] = rk.world;
+      }
+      cell["metrics"] = metrics;
+      if (comm && rk.rank != 0) {
+        comm->store_set("result/" + std::to_string(rk.rank), cell.dump());
+      } else if (comm) {
+        std::vector<json> cells{cell};
+        for (int r = 1; r < rk.world; ++r) cells.push_back(json::parse(comm->store_get("result/" + std::to_string(r))));
+        cell = merge_ranks(cells);
+      }
+      reports::write_json_atomic(result_path, cell);
+      return 0;
     }
     suites::Trainer trainer(config, device, comm.get());
 
@@ -253,6 +275,10 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
 
     json cell = cell_without_metrics(name, config.to_json(), device, outcome.status, outcome.reason);
     cell["emulated"] = trainer.mode().emulated;
+    if (trainer.mode().fp8) {
+      const auto [fp8, bf16] = suites::fp8_layer_counts();
+      cell["fp8"] = {{"linear_calls_fp8", fp8}, {"linear_calls_bf16", bf16}, {"scaling", config.fp8_scaling}};
+    }
     if (config.checkpoint_check) {
       const auto d = suites::checkpoint_determinism();
       cell["checkpoint_determinism"] = {{"compared", d.compared}, {"max_abs_diff", d.max_abs_diff}};

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/datasheet.hpp"
+#include "suites/comm.hpp"
 
 #ifdef TRAINSCOPE_TORCH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -233,6 +234,24 @@ json copy_bandwidth(const std::string& device) {
               {"bytes", bytes},
               {"host_to_device_gbps", rate(true)},
               {"device_to_host_gbps", rate(false)}};
+}
+
+void collectives_sweep(Communicator& comm, const std::string& device, int warmup, int iterations) {
+  torch::NoGradGuard no_grad;
+  const int64_t world = comm.world_size();
+  const int64_t largest = is_cuda(device) ? (int64_t{1} << 30) : (int64_t{64} << 20);
+  for (int64_t bytes = 1024; bytes <= largest; bytes *= 4) {
+    const int64_t n = bytes / 4 / world * world;  // divisible into equal shards
+    const auto opts = torch::TensorOptions().dtype(torch::kFloat).device(device);
+    torch::Tensor full = torch::ones({n}, opts), shard = torch::ones({n / world}, opts);
+    for (int it = 0; it < warmup + iterations; ++it) {
+      comm.set_step(it);
+      comm.all_reduce(full, /*average=*/false);
+      comm.all_gather(full, shard);
+      comm.reduce_scatter(shard, full, /*average=*/false);
+    }
+  }
+  comm.set_step(-1);
 }
 
 }  // namespace trainscope::suites

@@ -10,6 +10,8 @@
 
 namespace trainscope::suites {
 
+class Communicator;
+
 struct GemmShape {
   int64_t m, n, k;
 };
@@ -41,5 +43,11 @@ json gemm_peak(const std::string& device, const std::string& dtype, bool thoroug
 json memory_bandwidth(const std::string& device);
 // Host to device and back through pinned memory; {"skipped"} without a GPU.
 json copy_bandwidth(const std::string& device);
+
+// nccl-tests' sweep on this cell's ranks: all-reduce, all-gather and reduce-scatter of fp32 buffers
+// from 1 KiB up (x4) to 64 MiB on CPU, 1 GiB on GPU, `warmup` + `iterations` of each; the comm probe
+// records them (iteration i is "step" i, so warm-up iterations are left out) and reports time, algbw
+// and busbw per (op, size).
+void collectives_sweep(Communicator& comm, const std::string& device, int warmup, int iterations);
 
 }  // namespace trainscope::suites

@@ -187,6 +187,11 @@ def train(cell, dump, strategy, rank=0, world=1, accounting=None):
     if cfg.get("optimizer", "adamw") != "sgd":
         raise InputError("the parity references replay optimizer = sgd (PyTorch's AdamW updates through lerp_, "
                          "LibTorch's C++ AdamW through mul_/add_: the same maths, not the same bits)")
+    for key, plain in (("lr_schedule", "constant"), ("grad_clip", 0.0), ("augment", False)):
+        if cfg.get(key, plain) != plain:
+            raise InputError(f"the parity references replay {key} = {plain!r} only, not {cfg.get(key)!r}")
+    if not str(cell.get("device", "cpu")).startswith("cpu"):
+        raise InputError(f"the parity references run on CPU; this cell ran on {cell.get('device')}")
     sgd = dict(lr=lr, momentum=0.9, weight_decay=wd, foreach=False)
     if strategy in ("ddp", "zero1"):
         from torch.nn.parallel import DistributedDataParallel as DDP

@@ -187,6 +187,20 @@ json merge_ranks(const std::vector<json>& cells) {
   return merged;
 }
 
+namespace {
+// Every rank writes its own result; rank 0's is the merge of all of them, which reach it through the store.
+void write_result(const std::string& result_path, suites::Communicator* comm, const CellRank& rk, json cell) {
+  if (comm && rk.rank != 0) {
+    comm->store_set("result/" + std::to_string(rk.rank), cell.dump());
+  } else if (comm) {
+    std::vector<json> cells{cell};
+    for (int r = 1; r < rk.world; ++r) cells.push_back(json::parse(comm->store_get("result/" + std::to_string(r))));
+    cell = merge_ranks(cells);
+  }
+  reports::write_json_atomic(result_path, cell);
+}
+}  // namespace
+
 int cell_main(const std::string& spec_path, const std::string& result_path, const CellRank& rk) {
   // First, before any tensor exists, so that every byte of tensor storage is counted.
   probes::AccountingAllocator::install();
@@ -247,14 +261,7 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
         cell["world_size"] = rk.world;
       }
       cell["metrics"] = metrics;
-      if (comm && rk.rank != 0) {
-        comm->store_set("result/" + std::to_string(rk.rank), cell.dump());
-      } else if (comm) {
-        std::vector<json> cells{cell};
-        for (int r = 1; r < rk.world; ++r) cells.push_back(json::parse(comm->store_get("result/" + std::to_string(r))));
-        cell = merge_ranks(cells);
-      }
-      reports::write_json_atomic(result_path, cell);
+      write_result(result_path, comm.get(), rk, cell);
       return 0;
     }
     suites::Trainer trainer(config, device, comm.get());
@@ -329,15 +336,7 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
         cell["parity_dump"] = std::filesystem::path(parity_dump_path(result_path)).filename().string();
       }
     }
-    if (comm && rk.rank != 0) {
-      // Rank 0's cell process merges: hand it this rank's result through the store.
-      comm->store_set("result/" + std::to_string(rk.rank), cell.dump());
-    } else if (comm) {
-      std::vector<json> cells{cell};
-      for (int r = 1; r < rk.world; ++r) cells.push_back(json::parse(comm->store_get("result/" + std::to_string(r))));
-      cell = merge_ranks(cells);
-    }
-    reports::write_json_atomic(result_path, cell);
+    write_result(result_path, comm.get(), rk, cell);
     return 0;
   } catch (const c10::OutOfMemoryError& e) {
     const std::string what = e.what();

@@ -150,7 +150,7 @@ json make_report(const json& env, const json& suite, const std::vector<json>& ce
         const json n = compare_numerics(c, *bf16);
         if (!n.is_null()) c["numerics_vs_bf16"] = n;
       }
-    if (c["config"].value("world_size", 1) > 1) {
+    if (c["config"].value("world_size", 1) > 1 && c["config"].value("kind", "train") == "train") {
         const json p = compare_parallel(c, sibling(r, c, {{"parallel", "single"}, {"world_size", 1}}),
                                         sibling(r, c, {{"parallel", "ddp"}}));
         if (!p.is_null()) c["parallel"] = p;

@@ -1,6 +1,7 @@
 // The terminal summary: one row per cell, read from the report JSON alone.
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <sstream>
 
 #include "core/units.hpp"
@@ -126,6 +127,22 @@ std::string render_summary(const json& report) {
     if (c.contains("slowest_rank") && c["slowest_rank"].is_number())
       out << "  slowest rank " << c["slowest_rank"].get<int64_t>();
     out << "\n";
+  }
+  // Collectives cells: each op's busbw at its largest size (the GEMM and memory figures are in the
+  // recommendations).
+  for (const auto& c : report["cells"]) {
+    const json rows = value_at(c, {"metrics", "comm", "collectives"});
+    if (!value_at(c, {"metrics", "hardware", "collectives"}).is_object() || !rows.is_array()) continue;
+    out << "\ncollectives (" << c["metrics"]["hardware"]["collectives"].value("backend", "?") << ", "
+        << c["metrics"]["hardware"]["collectives"].value("world_size", 0) << " ranks), at the largest size:\n";
+    std::map<std::string, json> largest;
+    for (const auto& r : rows)
+      if (!largest.count(r.value("op", "")) || r.value("bytes", 0) > largest[r.value("op", "")].value("bytes", 0))
+        largest[r.value("op", "")] = r;
+    for (const auto& [op, r] : largest)
+      out << "  " << pad(op, 15) << " " << format_bytes(r.value("bytes", 0.0)) << "  busbw "
+          << format_fixed(r.value("busbw_gbps", 0.0), 2) << " GB/s  algbw " << format_fixed(r.value("algbw_gbps", 0.0), 2)
+          << " GB/s  " << format_seconds(r.value("time_s", 0.0)) << " per call\n";
   }
   if (report.contains("recommendations") && !report["recommendations"].empty()) {
     out << "\nrecommendations:\n";

@@ -133,51 +133,38 @@ struct TimedAllReduce : c10d::CommHookInterface {
   }
 };
 
-class Ddp : public ParallelStrategy {
+// c10d's Reducer over a list of parameters: gradients are averaged and all-reduced bucket by bucket as
+// backward produces them (PyTorch's DDP: a small first bucket, 1 MiB or bucket_mb if smaller, so that
+// communication starts early, then bucket_mb; buckets in reverse parameter order, the order gradients
+// arrive). With `as_view` the gradients become views of the buckets (DDP's gradient_as_bucket_view);
+// without, the reducer copies the reduced buckets back into the gradients the parameters already have
+// (zero1's views of its flat buffer keep their layout).
+class BucketedAllReduce {
  public:
-  Ddp(Communicator* comm, double bucket_mb) : ParallelStrategy(comm), bucket_bytes_(static_cast<int64_t>(bucket_mb * 1024 * 1024)) {}
-
-  std::vector<torch::Tensor> setup(ReferenceModel& model, bool broadcast) override {
-    model_ = &model;
-    params_ = model.parameters();
-    if (broadcast) {
-      torch::NoGradGuard no_grad;
-      comm_->broadcast(params_, 0);
-    }
-    broadcast_buffers(*comm_, model);
-    // PyTorch's DDP: a small first bucket (1 MiB, or bucket_mb if smaller) so that communication
-    // starts early, then bucket_mb; buckets in reverse parameter order, the order gradients arrive.
-    const size_t first = std::min<size_t>(1024 * 1024, static_cast<size_t>(std::max<int64_t>(bucket_bytes_, 1)));
+  BucketedAllReduce(Communicator& comm, const std::vector<torch::Tensor>& params, int64_t bucket_bytes, bool as_view)
+      : comm_(comm) {
+    const size_t first = std::min<size_t>(1024 * 1024, static_cast<size_t>(std::max<int64_t>(bucket_bytes, 1)));
     auto indices = std::get<0>(c10d::compute_bucket_assignment_by_size(
-        params_, {first, static_cast<size_t>(std::max<int64_t>(bucket_bytes_, 1))}, std::vector<bool>(params_.size(), false)));
+        params, {first, static_cast<size_t>(std::max<int64_t>(bucket_bytes, 1))}, std::vector<bool>(params.size(), false)));
     std::reverse(indices.begin(), indices.end());
-    reducer_ = compat::make_reducer<c10d::Reducer>(params_, indices, comm_->process_group(),
-                                                   std::vector<bool>(params_.size(), false), bucket_bytes_,
-                                                   /*find_unused=*/false, /*as_view=*/true, {}, first);
+    reducer_ = compat::make_reducer<c10d::Reducer>(params, indices, comm.process_group(),
+                                                   std::vector<bool>(params.size(), false), bucket_bytes,
+                                                   /*find_unused=*/false, as_view, {}, first);
     auto hook = std::make_unique<TimedAllReduce>();
-    hook->pg = comm_->process_group();
-    hook->world = comm_->world_size();
+    hook->pg = comm.process_group();
+    hook->world = comm.world_size();
     mu_ = hook->mu;
     records_ = hook->records;
     reducer_->register_comm_hook(std::move(hook));
-    return params_;
   }
-
-  void zero_grad(torch::optim::Optimizer&) override {
-    // The gradients are views of the reducer's buckets: zero them in place, never replace them.
-    torch::NoGradGuard no_grad;
-    for (auto& p : params_)
-      if (p.grad().defined()) p.mutable_grad().zero_();
-  }
-  void before_forward() override {
+  void before_forward() {
     reducer_->rebuild_buckets();  // after the first iteration, in the order gradients arrived
     reducer_->prepare_for_forward();
   }
-  void before_backward() override { reducer_->prepare_for_backward({}); }
-
-  void reduce_gradients() override {
-    // backward() returned: the reducer has waited for every bucket. What came after the last launch
-    // (the last gradient ready) was the step waiting on communication.
+  void before_backward() { reducer_->prepare_for_backward({}); }
+  // backward() returned: the reducer has waited for every bucket. What came after the last launch
+  // (the last gradient ready) was the step waiting on communication.
+  void report() {
     const double backward_end = now_s();
     std::vector<BucketRecord> recs;
     {
@@ -191,23 +178,56 @@ class Ddp : public ParallelStrategy {
     }
     const double exposed = std::max(0.0, std::min(backward_end, last_end) - last_launch);
     for (size_t i = 0; i < recs.size(); ++i) {
-      CollectiveInfo c{"all-reduce", recs[i].bytes, comm_->world_size(), std::max(0.0, recs[i].end - recs[i].start),
-                       i + 1 == recs.size() ? exposed : 0.0, comm_->step(), recs[i].end};
-      comm_->report(c);
+      CollectiveInfo c{"all-reduce", recs[i].bytes, comm_.world_size(), std::max(0.0, recs[i].end - recs[i].start),
+                       i + 1 == recs.size() ? exposed : 0.0, comm_.step(), recs[i].end};
+      comm_.report(c);
     }
   }
+
  private:
-  int64_t bucket_bytes_;
-  std::vector<torch::Tensor> params_;
+  Communicator& comm_;
   std::unique_ptr<c10d::Reducer> reducer_;
   std::shared_ptr<std::mutex> mu_;
   std::shared_ptr<std::vector<BucketRecord>> records_;
 };
 
+class Ddp : public ParallelStrategy {
+ public:
+  Ddp(Communicator* comm, double bucket_mb) : ParallelStrategy(comm), bucket_bytes_(static_cast<int64_t>(bucket_mb * 1024 * 1024)) {}
+
+  std::vector<torch::Tensor> setup(ReferenceModel& model, bool broadcast) override {
+    model_ = &model;
+    params_ = model.parameters();
+    if (broadcast) {
+      torch::NoGradGuard no_grad;
+      comm_->broadcast(params_, 0);
+    }
+    broadcast_buffers(*comm_, model);
+    reducer_ = std::make_unique<BucketedAllReduce>(*comm_, params_, bucket_bytes_, /*as_view=*/true);
+    return params_;
+  }
+
+  void zero_grad(torch::optim::Optimizer&) override {
+    // The gradients are views of the reducer's buckets: zero them in place, never replace them.
+    torch::NoGradGuard no_grad;
+    for (auto& p : params_)
+      if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+  void before_forward() override { reducer_->before_forward(); }
+  void before_backward() override { reducer_->before_backward(); }
+  void reduce_gradients() override { reducer_->report(); }
+
+ private:
+  int64_t bucket_bytes_;
+  std::vector<torch::Tensor> params_;
+  std::unique_ptr<BucketedAllReduce> reducer_;
+};
+
 // ---- zero1 / zero2 ----------------------------------------------------------------------------
 class Zero12 : public ParallelStrategy {
  public:
-  Zero12(Communicator* comm, int stage) : ParallelStrategy(comm), stage_(stage) {}
+  Zero12(Communicator* comm, int stage, double bucket_mb)
+      : ParallelStrategy(comm), stage_(stage), bucket_bytes_(static_cast<int64_t>(bucket_mb * 1024 * 1024)) {}
   bool sliced_gradients() const override { return true; }
 
   std::vector<torch::Tensor> setup(ReferenceModel& model, bool broadcast) override {
@@ -222,6 +242,9 @@ class Zero12 : public ParallelStrategy {
     shard_ = optimizer_slice(flat_.slice(flat_.flat, r), /*share=*/true);
     if (stage_ == 1) {
       shard_.mutable_grad() = flat_.slice(flat_.grad, r).detach();
+      // ZeRO-1 all-reduces the gradients as DDP does, during backward, bucket by bucket; the reduced
+      // buckets are copied back into the flat gradient, whose slice is this rank's shard's gradient.
+      reducer_ = std::make_unique<BucketedAllReduce>(*comm_, flat_.params, bucket_bytes_, /*as_view=*/false);
     } else {
       shard_.mutable_grad() = torch::zeros({flat_.shard}, flat_.flat.options());
       release_storage(flat_.grad);
@@ -234,10 +257,16 @@ class Zero12 : public ParallelStrategy {
     flat_.grad.zero_();
     shard_.mutable_grad().zero_();
   }
+  void before_forward() override {
+    if (reducer_) reducer_->before_forward();
+  }
+  void before_backward() override {
+    if (reducer_) reducer_->before_backward();
+  }
   void reduce_gradients() override {
     torch::NoGradGuard no_grad;
     if (stage_ == 1) {
-      comm_->all_reduce(flat_.grad, /*average=*/true);
+      reducer_->report();  // reduced during backward
     } else {
       torch::Tensor g = shard_.mutable_grad();
       comm_->reduce_scatter(g, flat_.grad, /*average=*/true);
@@ -251,8 +280,10 @@ class Zero12 : public ParallelStrategy {
 
  private:
   int stage_;
+  int64_t bucket_bytes_;
   FlatParams flat_;
   torch::Tensor shard_;
+  std::unique_ptr<BucketedAllReduce> reducer_;  // zero1
 };
 
 // ---- zero3 ------------------------------------------------------------------------------------
@@ -570,8 +601,8 @@ std::unique_ptr<ParallelStrategy> make_strategy(const std::string& name, Communi
   if (name == "single") return std::make_unique<Single>();
   if (!comm) throw UsageError("parallel strategy '" + name + "' needs a process group");
   if (name == "ddp") return std::make_unique<Ddp>(comm, bucket_mb);
-  if (name == "zero1") return std::make_unique<Zero12>(comm, 1);
-  if (name == "zero2") return std::make_unique<Zero12>(comm, 2);
+  if (name == "zero1") return std::make_unique<Zero12>(comm, 1, bucket_mb);
+  if (name == "zero2") return std::make_unique<Zero12>(comm, 2, bucket_mb);
   if (name == "zero3") return std::make_unique<Zero3>(comm, prefetch);
   throw UsageError("unknown parallel strategy '" + name + "'");
 }

@@ -271,6 +271,37 @@ lr = 0.05
   EXPECT_DOUBLE_EQ(ddp, single_state);
 }
 
+// zero1 reduces as DDP does: bucket by bucket during backward (c10d's Reducer), so with small buckets
+// its all-reduces are several, they add up to the gradient bytes, and part of the time overlaps.
+TEST(Parallel, Zero1AllReducesBucketsDuringBackward) {
+  const auto run = run_suite_text("zero1-buckets", R"(
+name = "zero1-buckets"
+[base]
+model = "gpt-tiny"
+batch_size = 4
+warmup_steps = 1
+steps = 4
+eval = false
+overflow_every = 0
+world_size = 2
+bucket_mb = 0.25
+[axes]
+parallel = ["zero1"]
+)", "--nproc 2");
+  ASSERT_EQ(run.result.code, 0) << run.result.out;
+  const json& comm = run.report["cells"][0]["metrics"]["comm"];
+  int64_t bucket_bytes = 0, buckets = 0;
+  for (const auto& c : comm["collectives"]) {
+    if (c["op"] != "all-reduce") continue;
+    EXPECT_EQ(c["count"], 4) << c.dump();  // once per measured step
+    bucket_bytes += c["bytes"].get<int64_t>();
+    ++buckets;
+  }
+  EXPECT_GE(buckets, 2);
+  EXPECT_EQ(bucket_bytes, 120576 * 4);  // every fp32 gradient of gpt-tiny, once
+  EXPECT_GT(comm["overlap"].get<double>(), 0.0);
+}
+
 // The strategies with the other techniques: autocast, fp16 emulation with the loss scaler, bf16
 // weights, checkpoint policies, global-norm clipping, a CNN's BatchNorm blocks.
 TEST(Parallel, StrategiesComposeWithPrecisionAndCheckpointing) {

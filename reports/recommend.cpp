@@ -355,13 +355,14 @@ json recommend(const json& report) {
     }
     if (p["exposed_comm_fraction"].is_number() && p["exposed_comm_fraction"].get<double>() > kExposedWarn) {
       const double f = p["exposed_comm_fraction"];
-      const std::string remedy = strategy == "ddp"
-                                     ? "larger buckets (bucket_mb) cut per-bucket latency; more overlap needs the last buckets to be small"
+      const std::string remedy = strategy == "ddp" || strategy == "zero1"
+                                     ? "larger buckets (bucket_mb) cut per-bucket latency; more overlap needs the last buckets to be small" +
+                                           std::string(strategy == "zero1" ? " (the all-gather after the step cannot overlap)" : "")
                                  : strategy == "zero3"
                                      ? (cfg.value("prefetch", true)
                                             ? "prefetch is on: fewer, larger units (whole stages) or a faster link"
                                             : "turn prefetch on, so the next block's all-gather runs during this one")
-                                     : "overlap the gradient reduction with backward (bucketed, as DDP does)";
+                                     : "zero2 reduce-scatters after backward: it does not overlap yet (zero1 and ddp do)";
       out.push_back(rec("parallel.exposed-comm", "warn",
                         model + "/" + strategy + ": exposed communication is " + format_fixed(100 * f, 0) +
                             "% of the step" + at + " (overlap " +

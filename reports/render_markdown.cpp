@@ -3,7 +3,6 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
-#include <map>
 #include <sstream>
 
 #include "core/units.hpp"
@@ -71,10 +70,8 @@ void parity_tables(const json& report, json& tables) {
     if (!c.contains("parity")) continue;
     const json& p = c["parity"];
     const std::string name = c["name"];
-    int exact = 0, within = 0, design = 0, differs = 0;
     for (const auto& k : p.value("checks", json::array())) {
       const std::string v = k.value("verdict", "");
-      (v == "exact" ? exact : v == "within" ? within : v == "design-difference" ? design : differs) += 1;
       std::string note = k.value("note", "");
       if (k.contains("tolerance") && v == "within")
         note = "tolerance " + compact(k["tolerance"]) + (k.contains("tolerance_from") ? ": " + k.value("tolerance_from", "") : "");
@@ -82,9 +79,10 @@ void parity_tables(const json& report, json& tables) {
                          compact(k.value("difference", json())), v, note});
     }
     const json t = p.value("step_time_s", json::object());
+    const ParityCounts n = parity_counts(p);
     summary.push_back({name, p.value("reference", p.value("reason", "-")), p.value("verdict", "?"),
-                       std::to_string(exact) + " / " + std::to_string(within) + " / " + std::to_string(design) + " / " +
-                           std::to_string(differs),
+                       std::to_string(n.exact) + " / " + std::to_string(n.within) + " / " + std::to_string(n.design) +
+                           " / " + std::to_string(n.differs),
                        text_or_dash(t.value("trainscope", json()), [](double x) { return format_seconds(x); }),
                        text_or_dash(t.value("pytorch", json()), [](double x) { return format_seconds(x); }),
                        text_or_dash(t.value("ratio", json()), [](double x) { return format_fixed(x, 2) + "x"; })});
@@ -124,10 +122,7 @@ void hardware_tables(const json& report, json& tables) {
     }
     if (hw.contains("collectives")) {
       // Per op, the largest size: where busbw approaches the link's bandwidth.
-      std::map<std::string, json> largest;
-      for (const auto& r : value_at(c, {"metrics", "comm", "collectives"}).is_array() ? c["metrics"]["comm"]["collectives"] : json::array())
-        if (!largest.count(r.value("op", "")) || r.value("bytes", 0) > largest[r.value("op", "")].value("bytes", 0)) largest[r.value("op", "")] = r;
-      for (const auto& [op, r] : largest)
+      for (const auto& [op, r] : largest_per_op(value_at(c, {"metrics", "comm", "collectives"})))
         rows.push_back({op + " (" + hw["collectives"].value("backend", "?") + ", " + std::to_string(hw["collectives"].value("world_size", 0)) + " ranks)",
                         "busbw " + format_fixed(r.value("busbw_gbps", 0.0), 2) + " GB/s", "-", "-",
                         "at " + format_bytes(r.value("bytes", 0.0)) + ", " + format_seconds(r.value("time_s", 0.0)) + " per call"});

@@ -245,4 +245,22 @@ const json* sibling(const json& report, const json& cell, const json& changes) {
   return nullptr;
 }
 
+std::map<std::string, json> largest_per_op(const json& collectives) {
+  std::map<std::string, json> largest;
+  for (const auto& r : collectives.is_array() ? collectives : json::array()) {
+    const std::string op = r.value("op", "");
+    if (!largest.count(op) || r.value("bytes", 0) > largest[op].value("bytes", 0)) largest[op] = r;
+  }
+  return largest;
+}
+
+ParityCounts parity_counts(const json& parity) {
+  ParityCounts n;
+  for (const auto& k : parity.value("checks", json::array())) {
+    const std::string v = k.value("verdict", "");
+    (v == "exact" ? n.exact : v == "within" ? n.within : v == "design-difference" ? n.design : n.differs) += 1;
+  }
+  return n;
+}
+
 }  // namespace trainscope::reports

@@ -1,6 +1,7 @@
 #pragma once
 // The JSON report (DESIGN.md's contract, schema in reports/schema/report.schema.json): assembling,
 // atomic writing, strict reading, the terminal summary and the recommendations.
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -57,5 +58,15 @@ json value_at(const json& j, std::initializer_list<const char*> path);
 
 // Rules over the report, each citing the numbers it rests on.
 json recommend(const json& report);
+
+// The comm probe's rows (op, bytes, count, time_s, algbw_gbps, busbw_gbps) reduced to each op's row at
+// its largest size, by op name: where busbw comes nearest the link.
+std::map<std::string, json> largest_per_op(const json& collectives);
+
+// A cell's parity section's checks counted by verdict: {"exact", "within", "design", "differs"}.
+struct ParityCounts {
+  int exact = 0, within = 0, design = 0, differs = 0;
+};
+ParityCounts parity_counts(const json& parity);
 
 }  // namespace trainscope::reports

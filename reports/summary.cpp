@@ -135,11 +135,7 @@ std::string render_summary(const json& report) {
     if (!value_at(c, {"metrics", "hardware", "collectives"}).is_object() || !rows.is_array()) continue;
     out << "\ncollectives (" << c["metrics"]["hardware"]["collectives"].value("backend", "?") << ", "
         << c["metrics"]["hardware"]["collectives"].value("world_size", 0) << " ranks), at the largest size:\n";
-    std::map<std::string, json> largest;
-    for (const auto& r : rows)
-      if (!largest.count(r.value("op", "")) || r.value("bytes", 0) > largest[r.value("op", "")].value("bytes", 0))
-        largest[r.value("op", "")] = r;
-    for (const auto& [op, r] : largest)
+    for (const auto& [op, r] : largest_per_op(rows))
       out << "  " << pad(op, 15) << " " << format_bytes(r.value("bytes", 0.0)) << "  busbw "
           << format_fixed(r.value("busbw_gbps", 0.0), 2) << " GB/s  algbw " << format_fixed(r.value("algbw_gbps", 0.0), 2)
           << " GB/s  " << format_seconds(r.value("time_s", 0.0)) << " per call\n";

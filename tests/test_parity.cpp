@@ -190,6 +190,10 @@ TEST(ParityCli, NoPythonOrNoReferenceIsOneLineAndExit2BeforeAnythingRuns) {
   r = ts("parity --reference /nonexistent --out " + out);
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(lines(r.out), 1) << r.out;
+  r = ts("parity --suite quick --out " + out);  // no cell of it dumps anything
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(lines(r.out), 1) << r.out;
+  EXPECT_NE(r.out.find("parity_dump"), std::string::npos) << r.out;
   r = ts("parity --python /usr/bin/python3 --out " + out);  // Debian's Python: no torch
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(lines(r.out), 1) << r.out;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include "reports/render.hpp"
 #include "reports/report.hpp"
 #include "runners/process/isolation.hpp"
+#include "suites/suite_file.hpp"
 
 namespace trainscope::runners {
 
@@ -59,6 +61,14 @@ int parity_command(ParityOptions o) {
   const std::string python_name = o.python.empty() ? parity_python() : o.python;
   const std::string python = find_program(python_name);
   if (python.empty()) throw UsageError("parity: no Python '" + python_name + "' (--python PATH: a Python with the torch wheel)");
+  {
+    // A suite none of whose cells dumps anything would run for nothing: say so before it runs.
+    suites::Suite suite = suites::load_suite(o.run.suite);
+    for (const auto& [key, text] : o.run.sets) suites::apply_override(suite, key, parse_value(key, text));
+    const auto cells = suites::expand(suite, o.run.filter);
+    if (std::none_of(cells.begin(), cells.end(), [](const suites::Cell& c) { return c.config.parity_dump; }))
+      throw UsageError("parity: no cell of suite '" + suite.name + "' sets parity_dump = true (the built-in `parity` suite does)");
+  }
   if (o.run.out.empty()) o.run.out = "results/parity-" + utc_now(true);
   fs::create_directories(o.run.out);
   const std::string log = o.run.out + "/parity.log";
@@ -98,16 +108,12 @@ int parity_command(ParityOptions o) {
   for (const auto& cell : report["cells"]) {
     if (!cell.contains("parity")) continue;
     const json& row = cell["parity"];
-    int exact = 0, within = 0, design = 0, differs = 0;
-    for (const auto& c : row.value("checks", json::array())) {
-      const std::string v = c.value("verdict", "");
-      (v == "exact" ? exact : v == "within" ? within : v == "design-difference" ? design : differs) += 1;
-    }
+    const reports::ParityCounts n = reports::parity_counts(row);
     std::string ratio = "-";
     if (const json r = reports::value_at(row, {"step_time_s", "ratio"}); r.is_number()) ratio = format_fixed(r.get<double>(), 2) + "x";
     std::printf("  %-24s %-8s %2d exact, %d within, %d design, %d differ; step time vs PyTorch %s%s\n",
-                cell["name"].get<std::string>().c_str(), row.value("verdict", "?").c_str(), exact, within, design,
-                differs, ratio.c_str(), row.contains("reason") ? ("  (" + row.value("reason", "") + ")").c_str() : "");
+                cell["name"].get<std::string>().c_str(), row.value("verdict", "?").c_str(), n.exact, n.within, n.design,
+                n.differs, ratio.c_str(), row.contains("reason") ? ("  (" + row.value("reason", "") + ")").c_str() : "");
   }
   std::printf("parity: %d of %d cells pass against torch %s; report: %s\n", p.value("pass", 0), p.value("cells", 0),
               p.value("torch", "?").c_str(), report_path.c_str());

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <numeric>
 
 #include "core/datasheet.hpp"
+#include "core/stats.hpp"
 #include "suites/comm.hpp"
 
 #ifdef TRAINSCOPE_TORCH_CUDA
@@ -45,12 +45,6 @@ double time_once(const std::string& device, Fn&& fn) {
   const auto t0 = std::chrono::steady_clock::now();
   fn();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 json shape_json(const GemmShape& s) { return {s.m, s.n, s.k}; }
@@ -137,13 +131,12 @@ GemmTiming time_gemm(const std::string& device, const std::string& dtype, const 
     if (t > 0) rates.push_back(flops / t);
   }
   ctx.setAllowTF32CuBLAS(tf32_before);
+  const Summary st = summarize(rates);
   GemmTiming g{s};
-  g.iterations = static_cast<int>(rates.size());
-  if (!rates.empty()) {
-    g.mean = std::accumulate(rates.begin(), rates.end(), 0.0) / static_cast<double>(rates.size());
-    g.median = median_of(rates);
-    g.max = *std::max_element(rates.begin(), rates.end());
-  }
+  g.iterations = static_cast<int>(st.count);
+  g.mean = st.mean;
+  g.median = st.p50;
+  g.max = st.max;
   return g;
 }
 
@@ -198,12 +191,13 @@ json memory_bandwidth(const std::string& device) {
     const double t = time_once(device, [&] { dst.copy_(src); });
     if (t > 0) rates.push_back(2.0 * static_cast<double>(bytes) / t);  // read + write
   }
-  const double best = rates.empty() ? 0.0 : *std::max_element(rates.begin(), rates.end());
+  const Summary st = summarize(rates);
+  const double best = st.max;
   json out{{"method", "copy_ of a " + std::to_string(bytes >> 20) + " MiB buffer, bytes read + written per second, best of " +
                           std::to_string(rates.size())},
            {"bytes", bytes},
            {"bandwidth_gbps", best / 1e9},
-           {"median_gbps", median_of(rates) / 1e9}};
+           {"median_gbps", st.p50 / 1e9}};
   const std::string name = device_name(device);
   out["device_name"] = name;
   if (const auto d = datasheet_for(name)) {
@@ -228,7 +222,7 @@ json copy_bandwidth(const std::string& device) {
       const double t = time_once(device, [&] { to_device ? dev.copy_(host, true) : host.copy_(dev, true); });
       if (i > 0 && t > 0) r.push_back(static_cast<double>(bytes) / t / 1e9);
     }
-    return r.empty() ? 0.0 : *std::max_element(r.begin(), r.end());
+    return summarize(r).max;
   };
   return json{{"method", "1 GiB through pinned host memory, best of 5 after one warm-up"},
               {"bytes", bytes},

@@ -138,7 +138,58 @@ void probe_overhead(benchmark::State& state, std::string model, std::string prec
   probes::AccountingAllocator::uninstall();
 }
 
+// An SSL method's step against a supervised step on the same encoder and batch, interleaved pair by
+// pair as above. Counter cost_vs_supervised = the median ratio; the target for SimCLR is 2.3
+// (two views through the encoder, plus the views and the loss), and `within_target` says whether it holds.
+void ssl_step_cost(benchmark::State& state, std::string model, std::string method) {
+  probes::configure_threads(0);
+  probes::AccountingAllocator::uninstall();
+  RunConfig c = bench_config(model, "32-true");
+  suites::Trainer supervised(c, "cpu");
+  c.method = method;
+  suites::Trainer ssl(c, "cpu");
+  Hooks none;
+  int64_t step = 0;
+  std::vector<double> t_ssl, t_sup;
+  auto timed_step = [&](suites::Trainer& t, std::vector<double>& into) {
+    const auto t0 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(t.step(step, none));
+    into.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  };
+  for (int i = 0; i < 3; ++i, ++step) {
+    timed_step(ssl, t_ssl);
+    timed_step(supervised, t_sup);
+  }
+  t_ssl.clear();
+  t_sup.clear();
+  for (auto _ : state) {
+    if (step % 2 == 0) {
+      timed_step(ssl, t_ssl);
+      timed_step(supervised, t_sup);
+    } else {
+      timed_step(supervised, t_sup);
+      timed_step(ssl, t_ssl);
+    }
+    ++step;
+  }
+  std::vector<double> ratios;
+  for (size_t i = 0; i < t_ssl.size(); ++i) ratios.push_back(t_ssl[i] / t_sup[i]);
+  std::sort(ratios.begin(), ratios.end());
+  const double ratio = ratios.empty() ? 0.0 : ratios[ratios.size() / 2];
+  state.counters["cost_vs_supervised"] = ratio;
+  if (method == "simclr") state.counters["within_target"] = ratio <= 2.3 ? 1 : 0;
+}
+
 void register_all() {
+  for (const char* model : {"cnn-tiny", "vit-tiny"})
+    for (const char* method : {"simclr", "byol", "dino", "mae"}) {
+      if (std::string(method) == "mae" && std::string(model) != "vit-tiny") continue;
+      const std::string name = std::string("ssl_step_cost/") + model + "/" + method;
+      benchmark::RegisterBenchmark(name.c_str(), ssl_step_cost, model, method)
+          ->Unit(benchmark::kMillisecond)
+          ->MinTime(4.0)
+          ->UseRealTime();
+    }
   for (const char* model : {"mlp", "cnn-tiny", "gpt-tiny"})
     for (const char* precision : {"32-true", "bf16-mixed", "16-mixed", "16-mixed-noscale", "bf16-true"})
       for (bool on : {false, true}) {

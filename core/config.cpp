@@ -28,7 +28,7 @@ std::string describe(const json& v) { return v.is_string() ? v.get<std::string>(
 const std::vector<KeySpec>& config_keys() {
   static const std::vector<KeySpec> keys = {
       {"model", KeyKind::Choice,
-       {"mlp-tiny", "mlp", "mlp-large", "cnn-tiny", "cnn", "resnet18", "gpt-tiny", "gpt-small",
+       {"mlp-tiny", "mlp", "mlp-large", "cnn-tiny", "cnn-small", "cnn", "resnet18", "vit-tiny", "vit-small", "gpt-tiny", "gpt-small",
         "gpt-125m", "gpt-1b"},
        "mlp", "reference model preset (trainscope list shows sizes)"},
       {"data", KeyKind::Choice, {"auto", "fashion-mnist", "synthetic-images", "synthetic-tokens"},
@@ -64,7 +64,9 @@ const std::vector<KeySpec>& config_keys() {
       {"dropout", KeyKind::Float, {}, 0.0, "dropout probability in the GPT blocks", 0},
       {"memory_budget", KeyKind::String, {}, "none",
        "refuse allocations past this many bytes (\"64MiB\", \"2GB\"): the cell ends as oom; none: no budget"},
-      {"method", KeyKind::Choice, {"supervised"}, "supervised", "training objective"},
+      {"method", KeyKind::Choice, {"supervised", "simclr", "byol", "dino", "mae"}, "supervised",
+       "training objective: supervised, or self-supervised pre-training of the model's encoder (simclr, byol, dino; mae "
+       "needs a vit model)"},
       {"optimizer", KeyKind::Choice, {"adamw", "sgd"}, "adamw", "optimizer (sgd uses momentum 0.9)"},
       {"lr", KeyKind::Float, {}, 1e-3, "learning rate", 0},
       {"weight_decay", KeyKind::Float, {}, 0.0, "decoupled weight decay", 0},
@@ -101,13 +103,48 @@ const std::vector<KeySpec>& config_keys() {
        "write a Chrome Trace Event / Perfetto timeline of each rank (steps, phases, collectives, counters)"},
       {"eval", KeyKind::Bool, {}, true, "evaluate test accuracy after training (classifiers)"},
       {"inject", KeyKind::Choice,
-       {"none", "crash", "abort", "hang", "throw", "same-data-seed", "skip-broadcast", "rank-dropout-seed", "slow:<pct>"},
+       {"none", "crash", "abort", "hang", "throw", "same-data-seed", "skip-broadcast", "rank-dropout-seed",
+        "local-negatives", "teacher-drift", "slow:<pct>"},
        "none",
        "inject a fault: crash/abort/hang/throw the process (isolation); same-data-seed, skip-broadcast, "
-       "rank-dropout-seed break the ranks' RNG and weights (the RNG probe must catch them); slow:<pct> makes "
+       "rank-dropout-seed break the ranks' RNG and weights (the RNG probe must catch them); local-negatives: SimCLR "
+       "contrasts against this rank's views only; teacher-drift: BYOL/DINO teachers copied before the weight "
+       "broadcast (they differ across ranks); slow:<pct> makes "
        "every step pct percent slower (to measure the comparison gate)"},
       {"inject_rank", KeyKind::Int, {}, -1, "the rank a process fault hits; -1: every rank", -1},
       {"inject_step", KeyKind::Int, {}, 0, "the training step before which a process fault fires", 0},
+      // Self-supervised pre-training (suites/ssl) and its evaluation.
+      {"unlabeled_size", KeyKind::Int, {}, 0,
+       "Fashion-MNIST: the training stream draws from the first N images of a fixed permutation (nested subsets); "
+       "0: all 60000", 0},
+      {"ssl_temperature", KeyKind::Float, {}, 0.5, "simclr: NT-Xent temperature", 0.001},
+      {"ema_tau", KeyKind::Float, {}, 0.99, "byol/dino: the teacher's EMA momentum at step 0, raised to 1 by a cosine", 0},
+      {"projector_bn", KeyKind::Choice, {"per-rank", "sync"}, "per-rank",
+       "multi-rank: the projection heads' BatchNorm statistics per rank, or over the global batch (synchronised)"},
+      {"dino_prototypes", KeyKind::Int, {}, 1024, "dino: output dimension K of the heads", 2},
+      {"dino_teacher_temp", KeyKind::Float, {}, 0.04, "dino: teacher softmax temperature", 0.001},
+      {"dino_student_temp", KeyKind::Float, {}, 0.1, "dino: student softmax temperature", 0.001},
+      {"dino_center_momentum", KeyKind::Float, {}, 0.9, "dino: momentum of the teacher-output centre", 0},
+      {"dino_freeze_last_steps", KeyKind::Int, {}, 0, "dino: the heads' last layer stays frozen for this many steps", 0},
+      {"mask_ratio", KeyKind::Float, {}, 0.75, "mae: fraction of patches hidden from the encoder", 0},
+      {"norm_pix", KeyKind::Bool, {}, true, "mae: targets are per-patch normalised pixels"},
+      {"ssl_eval", KeyKind::Choice, {"auto", "full", "frozen", "off"}, "auto",
+       "after training: frozen = kNN and linear probe of the encoder's features beside the random-encoder and "
+       "raw-pixel floors; full = also fine-tuning (SSL) or from-scratch curves (supervised) on label_fractions x "
+       "label_seeds subsets; auto: full for SSL methods, off for supervised"},
+      {"label_fractions", KeyKind::String, {}, "0.01,0.1,1",
+       "ssl_eval = full: fractions of the labelled training set (comma-separated, in (0, 1])"},
+      {"label_seeds", KeyKind::Int, {}, 3, "ssl_eval = full: class-balanced label subsets drawn per fraction", 1},
+      {"probe_epochs", KeyKind::Int, {}, 20, "linear probe: epochs of SGD over the frozen features", 1},
+      {"finetune_steps", KeyKind::Int, {}, 150, "fine-tuning steps (batch 64) per label subset", 1},
+      {"scratch_steps", KeyKind::Int, {}, 1200,
+       "supervised, ssl_eval = full: longest from-scratch run per subset (accuracy recorded along the way)", 1},
+      {"eval_bank", KeyKind::Int, {}, 0, "kNN bank and probe training set: the first N training images; 0: all", 0},
+      {"save_encoder", KeyKind::String, {}, "",
+       "write the trained encoder's parameters and buffers to this file (relative: to the run's output folder; {model} "
+       "and {method} stand for the cell's)"},
+      {"pretrained", KeyKind::String, {}, "",
+       "start the encoder from a file written by save_encoder (relative: to the run's output folder)"},
   };
   return keys;
 }
@@ -158,6 +195,12 @@ json validate_value(const std::string& key, const json& value) {
         const std::string v = value.get<std::string>();
         if (v != "none" && !parse_bytes(v, bytes))
           throw UsageError("bad value '" + v + "' for 'memory_budget': expected none or a size such as 512MiB or 2GB");
+      }
+      if (key == "label_fractions") {
+        std::vector<double> f;
+        if (!parse_fractions(value.get<std::string>(), f))
+          throw UsageError("bad value '" + value.get<std::string>() +
+                           "' for 'label_fractions': expected comma-separated fractions in (0, 1], such as 0.01,0.1,1");
       }
       if (key == "device") {
         const std::string d = value.get<std::string>();
@@ -271,6 +314,26 @@ static void for_each_field(Config& c, Visit&& v) {
   v("inject", c.inject);
   v("inject_rank", c.inject_rank);
   v("inject_step", c.inject_step);
+  v("unlabeled_size", c.unlabeled_size);
+  v("ssl_temperature", c.ssl_temperature);
+  v("ema_tau", c.ema_tau);
+  v("projector_bn", c.projector_bn);
+  v("dino_prototypes", c.dino_prototypes);
+  v("dino_teacher_temp", c.dino_teacher_temp);
+  v("dino_student_temp", c.dino_student_temp);
+  v("dino_center_momentum", c.dino_center_momentum);
+  v("dino_freeze_last_steps", c.dino_freeze_last_steps);
+  v("mask_ratio", c.mask_ratio);
+  v("norm_pix", c.norm_pix);
+  v("ssl_eval", c.ssl_eval);
+  v("label_fractions", c.label_fractions);
+  v("label_seeds", c.label_seeds);
+  v("probe_epochs", c.probe_epochs);
+  v("finetune_steps", c.finetune_steps);
+  v("scratch_steps", c.scratch_steps);
+  v("eval_bank", c.eval_bank);
+  v("save_encoder", c.save_encoder);
+  v("pretrained", c.pretrained);
 }
 
 json RunConfig::to_json() const {
@@ -299,6 +362,29 @@ bool parse_checkpoint(const std::string& text, std::string& kind, int64_t& every
   every = std::stoll(digits);
   kind = "every";
   return every >= 1;
+}
+
+bool parse_fractions(const std::string& text, std::vector<double>& out) {
+  out.clear();
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      return false;
+    }
+    if (used != item.size() || !(v > 0 && v <= 1)) return false;
+    out.push_back(v);
+  }
+  return !out.empty();
+}
+
+std::string ssl_eval_mode(const RunConfig& c) {
+  if (c.ssl_eval != "auto") return c.ssl_eval;
+  return c.method == "supervised" ? "off" : "full";
 }
 
 int64_t memory_budget_bytes(const RunConfig& c) {

@@ -82,6 +82,19 @@ struct RunConfig {
   std::string inject = "none";  // fault injection: process faults and RNG faults (see config_keys())
   int64_t inject_rank = -1;
   int64_t inject_step = 0;
+  // Self-supervised pre-training and its evaluation (suites/ssl; config_keys() says what each means).
+  int64_t unlabeled_size = 0;
+  double ssl_temperature = 0.5, ema_tau = 0.99;
+  std::string projector_bn = "per-rank";
+  int64_t dino_prototypes = 1024;
+  double dino_teacher_temp = 0.04, dino_student_temp = 0.1, dino_center_momentum = 0.9;
+  int64_t dino_freeze_last_steps = 0;
+  double mask_ratio = 0.75;
+  bool norm_pix = true;
+  std::string ssl_eval = "auto";
+  std::string label_fractions = "0.01,0.1,1";
+  int64_t label_seeds = 3, probe_epochs = 20, finetune_steps = 150, scratch_steps = 1200, eval_bank = 0;
+  std::string save_encoder, pretrained;
 
   json to_json() const;
   // Strict: unknown keys and bad values raise UsageError. Missing keys keep their defaults.
@@ -91,6 +104,11 @@ struct RunConfig {
 // The checkpoint policy grammar: none | full | selective | every:<k> with k >= 1. False on anything
 // else; `every` gets k (1 for the other policies).
 bool parse_checkpoint(const std::string& text, std::string& kind, int64_t& every);
+
+// "0.01,0.1,1" -> {0.01, 0.1, 1}; false unless every item is a number in (0, 1].
+bool parse_fractions(const std::string& text, std::vector<double>& out);
+// ssl_eval with auto resolved: full for SSL methods, off for supervised.
+std::string ssl_eval_mode(const RunConfig& c);
 
 // The percentage of `inject = slow:<pct>` (0 for anything else).
 double slow_percent(const std::string& inject);

@@ -62,6 +62,15 @@ struct StepInfo {
   bool skipped = false;          // the optimizer step was skipped (scaler found inf/NaN)
 };
 
+// What a self-supervised objective saw on a step, for the SSL health probe (probes/ssl).
+struct EmbeddingSample {
+  int64_t step = 0;
+  at::Tensor embeddings;            // [B, d] detached: the representation the loss acts on
+  double loss = 0;
+  double collapse_loss = -1;        // the loss at collapse (SimCLR ln(2N-1), DINO ln K); < 0: none
+  at::Tensor teacher_probs, student_probs;  // DINO: [B, K] (undefined for the other methods)
+};
+
 // Sees the tensors at the model's block boundaries: activations on the way forward and the gradients
 // arriving at them on the way back, on the steps it asks for.
 class BlockObserver {
@@ -98,6 +107,8 @@ class Probe {
   virtual void collective(const CollectiveInfo&) {}
   virtual bool wants_fingerprints(int64_t step) const { return false; }
   virtual void fingerprint(const Fingerprint&) {}
+  virtual bool wants_embeddings(int64_t step) const { return false; }
+  virtual void embeddings(const EmbeddingSample&) {}
   virtual json section() const = 0;
   virtual BlockObserver* block_observer() { return nullptr; }
 };
@@ -127,6 +138,12 @@ class Hooks {
     return false;
   }
   void fingerprint(const Fingerprint& f) { for (auto& p : probes_) p->fingerprint(f); }
+  bool wants_embeddings(int64_t step) const {
+    for (const auto& p : probes_)
+      if (p->wants_embeddings(step)) return true;
+    return false;
+  }
+  void embeddings(const EmbeddingSample& e) { for (auto& p : probes_) p->embeddings(e); }
 
  private:
   std::vector<std::shared_ptr<Probe>> probes_;

@@ -1,5 +1,6 @@
 // Recommendations: rules over a report. Each cites the measured numbers and the cells it rests on.
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -97,6 +98,146 @@ void hardware_rules(const json& report, json& out) {
                             " s window of the run: clock or power throttling (or a noisy neighbour)",
                         {{"drop", drop}, {"threshold", kThrottleDrop}, {"windows", w["windows"]}}, {c["name"]}));
     }
+  }
+}
+
+// The self-supervised suite: what pre-training bought against training from scratch at equal compute,
+// encoders that do not beat their floors, collapse, and the data-size axis.
+std::string points(double delta) { return (delta >= 0 ? "+" : "-") + format_fixed(std::fabs(100 * delta), 1); }
+std::string acc3(const json& v) { return v.is_number() ? format_fixed(v.get<double>(), 3) : "-"; }
+std::string secs(double s) { return format_fixed(s, s >= 10 ? 0 : s >= 1 ? 1 : 2) + " s"; }
+std::string fraction_pct(const json& f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g%%", 100 * f.get<double>());
+  return buf;
+}
+std::string count_text(const json& v) {
+  return v.is_number() ? std::to_string(static_cast<int64_t>(std::llround(v.get<double>()))) : "?";
+}
+
+void ssl_rules(const json& report, json& out) {
+  const json ssl = report.contains("ssl") ? report["ssl"] : ssl_summary(report);
+  if (!ssl.is_object()) return;
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<const json*>> by_cell;
+  const json efficiency = ssl.value("label_efficiency", json::array());  // by_cell points into it
+  for (const auto& e : efficiency) {
+    const std::string cell = e["cell"];
+    if (!by_cell.count(cell)) order.push_back(cell);
+    by_cell[cell].push_back(&e);
+  }
+  for (const auto& cell : order) {
+    const auto& entries = by_cell[cell];
+    const json& head = *entries.front();
+    std::string clauses;
+    json fractions = json::array();
+    for (const json* e : entries) {
+      const json& x = *e;
+      fractions.push_back({{"fraction", x["fraction"]}, {"labels", x["labels"]}, {"n", x["n"]},
+                           {"ssl_accuracy_mean", x["ssl_accuracy_mean"]}, {"scratch_accuracy_mean", x["scratch_accuracy_mean"]},
+                           {"delta_mean", x["delta_mean"]}, {"delta_low", x["delta_low"]}, {"delta_high", x["delta_high"]},
+                           {"verdict", x["verdict"]}, {"pretrain_wall_s", x["pretrain_wall_s"]},
+                           {"pretrained_from", x["pretrained_from"]}, {"upstream_pretrain_wall_s", x["upstream_pretrain_wall_s"]},
+                           {"finetune_s_mean", x["finetune_s_mean"]}, {"ssl_cost_s_mean", x["ssl_cost_s_mean"]},
+                           {"scratch_outside_compute", x["scratch_outside_compute"]},
+                           {"label_equivalent", x["label_equivalent"]}});
+      if (!x["verdict"].is_string() || !x["fraction"].is_number()) continue;
+      const bool first = clauses.empty();
+      const int64_t n = x["n"];
+      int tuned = 0, paired = 0;
+      for (const auto& sd : x["seeds"])
+        if (sd["delta"].is_number()) ++paired, tuned += sd["ssl_path"] == "finetune";
+      std::string clause = x["verdict"].get<std::string>() + " at " + fraction_pct(x["fraction"]) + (first ? " labels" : "") +
+                           " (" + points(x["delta_mean"].get<double>()) + " points";
+      if (x["delta_low"].is_number())
+        clause += ", 95% CI " + points(x["delta_low"].get<double>()) + ".." + points(x["delta_high"].get<double>());
+      else
+        clause += ", one label seed: no interval";
+      if (first) clause += ", over " + std::to_string(n) + " label seed" + (n == 1 ? "" : "s");
+      clause += std::string(first ? " at " : ", at ") + (x["pretrain_wall_s"].is_number() ? secs(x["pretrain_wall_s"]) : std::string("?")) + " pre-training";
+      if (first && x["pretrained_from"].is_string())
+        clause += " (" + (x["upstream_pretrain_wall_s"].is_number() ? secs(x["upstream_pretrain_wall_s"]) : std::string("?")) + " of it in " + x["pretrained_from"].get<std::string>() + ", whose encoder it starts from)";
+      else if (first && x["pretrained"].is_string())
+        clause += " (not counting the pre-training of " + x["pretrained"].get<std::string>() + ": no cell of this report saved it)";
+      clause += " + ";
+      if (tuned == 0) clause += "a linear probe";
+      else {
+        clause += secs(x["finetune_s_mean"].get<double>()) + " fine-tune";
+        if (tuned < paired) clause += " on " + std::to_string(tuned) + " of " + std::to_string(paired) + " seeds, a linear probe on the others";
+      }
+      if (first) clause += " against the best scratch run within that compute";
+      const int flagged = x["scratch_outside_compute"];
+      if (flagged > 0)
+        clause += "; on " + std::to_string(flagged) + " seed" + (flagged == 1 ? "" : "s") +
+                  " even the scratch run's first logged point took longer";
+      clauses += (first ? "" : "; ") + clause + ")";
+    }
+    const std::string who = head["method"].get<std::string>() + " on " + head["encoder"].get<std::string>() + " (" + cell + ")";
+    const std::string text = clauses.empty()
+                                 ? who + ": no supervised sibling with scratch runs on the same label subsets: "
+                                         "label efficiency against training from scratch not measured"
+                                 : who + " " + clauses;
+    json cells = {cell};
+    if (head["supervised_cell"].is_string()) cells.push_back(head["supervised_cell"]);
+    out.push_back(rec("ssl-label-efficiency", "info", text,
+                      {{"supervised_cell", head["supervised_cell"]},
+                       {"confidence", ssl.value("confidence", 0.95)},
+                       {"cost", "pre-training wall time, plus the fine-tune's where fine-tuning gave the better "
+                                "accuracy; a linear probe on frozen features is not counted (negligible next to pre-training)"},
+                       {"fractions", fractions}},
+                      cells));
+  }
+  for (const auto& r : ssl.value("rows", json::array())) {
+    if (!is_ssl_method(r.value("method", "")) || r["beats_floors"] != false) continue;
+    const std::string floor = r["floor"];
+    const std::string other = floor == "raw-pixel" ? "random-encoder" : "raw-pixel";
+    const json& other_linear = r[other == "raw-pixel" ? "raw_pixels_linear" : "random_encoder_linear"];
+    std::string text = r["cell"].get<std::string>() + ": " + r["method"].get<std::string>() + " on " +
+                       r["encoder"].get<std::string>() + ": a linear probe on its frozen features reaches " + acc3(r["linear"]) +
+                       ", " + points(r["linear"].get<double>() - r["floor_linear"].get<double>()) + " points against the " +
+                       floor + " floor (" + acc3(r["floor_linear"]) + ")";
+    if (other_linear.is_number()) text += "; the " + other + " floor is " + acc3(other_linear);
+    text += floor == "raw-pixel" ? ": the pre-trained features separate the classes less well than the pixels themselves"
+                                 : ": pre-training left the encoder no better than its random initialisation";
+    out.push_back(rec("ssl-below-floor", "warn", text,
+                      {{"linear", r["linear"]}, {"floor", floor}, {"floor_linear", r["floor_linear"]},
+                       {"margin", r["linear"].get<double>() - r["floor_linear"].get<double>()},
+                       {"random_encoder_linear", r["random_encoder_linear"]}, {"raw_pixels_linear", r["raw_pixels_linear"]}},
+                      {r["cell"]}));
+  }
+  for (const auto& c : report["cells"]) {
+    const json h = value_at(c, {"metrics", "ssl_health"});
+    if (!h.is_object() || h.value("verdict", "") != "collapsed") continue;
+    const json step = h.value("collapse_step", json());
+    json at = nullptr;  // the health sample at the collapse (the last one when the step is unknown)
+    for (const auto& sm : h.value("samples", json::array()))
+      if (!step.is_number() || (sm.value("step", json()) == step)) at = sm;
+    const std::string reason = h.value("reason", json()).is_string() ? h["reason"].get<std::string>() : "";
+    out.push_back(rec("ssl-collapse", "critical",
+                      c["name"].get<std::string>() + ": " + c["config"].value("method", "?") + " collapsed" +
+                          (step.is_number() ? " at step " + std::to_string(step.get<int64_t>()) : std::string()) +
+                          (reason.empty() ? "" : ": " + reason) + "; its features and accuracies are not to be trusted",
+                      {{"collapse_step", step}, {"reason", h.value("reason", json())}, {"std_reference", h.value("std_reference", json())},
+                       {"collapse_loss", h.value("collapse_loss", json())}, {"sample", at}},
+                      {c["name"]}));
+  }
+  for (const auto& g : ssl.value("data_size", json::array())) {
+    const json& rows = g["rows"];
+    if (rows.size() < 2) continue;
+    const json &small = rows.front(), &large = rows.back();
+    std::string text = "pre-training " + g["method"].get<std::string>() + " on " + g["encoder"].get<std::string>() + " on " +
+                       count_text(small["unlabeled_size"]) + " images reaches " + acc3(small["linear"]) + " linear vs " +
+                       acc3(large["linear"]) + " on " + count_text(large["unlabeled_size"]);
+    std::string middle;
+    for (size_t i = 1; i + 1 < rows.size(); ++i)
+      middle += (middle.empty() ? "" : ", ") + count_text(rows[i]["unlabeled_size"]) + ": " + acc3(rows[i]["linear"]);
+    if (!middle.empty()) text += " (" + middle + ")";
+    if (g["fraction"].is_number() && small["finetune"].is_number() && large["finetune"].is_number())
+      text += "; fine-tuned on " + fraction_pct(g["fraction"]) + " of the labels, " + acc3(small["finetune"]) + " vs " +
+              acc3(large["finetune"]);
+    json cells = json::array();
+    for (const auto& r : rows) cells.push_back(r["cell"]);
+    out.push_back(rec("ssl-data-size", "info", text, g, cells));
   }
 }
 
@@ -454,6 +595,7 @@ json recommend(const json& report) {
     break;
   }
   hardware_rules(report, out);
+  ssl_rules(report, out);
   return out;
 }
 

@@ -23,7 +23,8 @@ void write_renderings(const json& report, const std::string& dir);
 json cell_table(const json& report);
 
 // The rows of the technique tables, shared by both renderers: {"title", "columns": [...], "rows":
-// [[...]]}, one per technique present in the report (precision, checkpointing, parallel, frontier).
+// [[...]]} (and "section" where several tables share one heading), one per technique present in the report (precision, checkpointing, parallel, frontier,
+// parity, hardware, and the self-supervised tables: encoders, label efficiency, data size).
 json technique_tables(const json& report);
 
 }  // namespace trainscope::reports

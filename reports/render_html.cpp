@@ -173,6 +173,21 @@ json chart_specs(const json& report) {
                            {{"labels", cl},
                             {"datasets", {{{"label", "exposed"}, {"data", exposed}}, {{"label", "overlapped"}, {"data", overlapped}}}}},
                            {{"scales", {{"x", {{"stacked", true}}}, {"y", {{"stacked", true}}}}}}));
+  // SSL health: the embeddings' effective rank (RankMe) per step, per cell; a collapse drives it to 1.
+  json health = json::array();
+  for (const auto& c : cells) {
+    const json samples = value_at(c, {"metrics", "ssl_health", "samples"});
+    json data = json::array();
+    for (const auto& sm : samples.is_array() ? samples : json::array())
+      if (sm.is_object() && sm.value("step", json()).is_number() && sm.value("rankme", json()).is_number())
+        data.push_back({{"x", sm["step"]}, {"y", sm["rankme"]}});
+    if (!data.empty()) health.push_back({{"label", c["name"]}, {"data", data}, {"pointRadius", 2}});
+  }
+  if (!health.empty())
+    charts.push_back(chart("ssl-rankme", "SSL health: effective rank of the embeddings (RankMe) per step", "line",
+                           {{"datasets", health}},
+                           {{"scales", {{"x", {{"type", "linear"}, {"title", {{"display", true}, {"text", "step"}}}}},
+                                        {"y", {{"title", {{"display", true}, {"text", "RankMe"}}}}}}}}));
   // The frontier: largest batch against its throughput, per policy.
   if (report.contains("frontier") && report["frontier"].is_array()) {
     json datasets = json::array();
@@ -266,8 +281,16 @@ std::string render_html(const json& report, const std::string& chartjs_path) {
   out << "</ul>\n<h2>Cells</h2>\n";
   const json table = cell_table(report);
   html_table(out, table["columns"], table["rows"]);
+  std::string section;
   for (const auto& t : technique_tables(report)) {
-    out << "<h2>" << esc(t["title"].get<std::string>()) << "</h2>\n";
+    if (t.contains("section")) {
+      if (t["section"] != section) out << "<h2>" << esc(t["section"].get<std::string>()) << "</h2>\n";
+      section = t["section"];
+      out << "<h3>" << esc(t["title"].get<std::string>()) << "</h3>\n";
+    } else {
+      section.clear();
+      out << "<h2>" << esc(t["title"].get<std::string>()) << "</h2>\n";
+    }
     html_table(out, t["columns"], t["rows"]);
   }
   out << heat_map(report);

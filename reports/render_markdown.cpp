@@ -151,6 +151,77 @@ void hardware_tables(const json& report, json& tables) {
                     {"rows", rows}});
 }
 
+// The self-supervised suite: encoders against their floors, label efficiency at equal compute, and
+// the data-size axis.
+constexpr const char* kSslSection = "Self-supervised pre-training";
+
+void ssl_tables(const json& report, json& tables) {
+  const json ssl = report.contains("ssl") ? report["ssl"] : ssl_summary(report);
+  if (!ssl.is_object()) return;
+  auto acc = [](const json& v) { return v.is_number() ? format_fixed(v.get<double>(), 3) : std::string("-"); };
+  auto pair = [&](const json& a, const json& b) { return acc(a) + " / " + acc(b); };
+  auto secs = [](const json& v) { return text_or_dash(v, [](double x) { return format_fixed(x, x >= 10 ? 0 : 1) + " s"; }); };
+  auto pts = [](double d) { return (d >= 0 ? "+" : "-") + format_fixed(std::fabs(100 * d), 1); };
+  auto pct = [](const json& f) {
+    if (!f.is_number()) return std::string("-");
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g%%", 100 * f.get<double>());
+    return std::string(buf);
+  };
+  auto count = [](const json& v) { return v.is_number() ? std::to_string(std::llround(v.get<double>())) : std::string("-"); };
+  json rows = json::array();
+  for (const auto& r : ssl.value("rows", json::array()))
+    rows.push_back({r.value("cell", "?"), r.value("method", "?"), r.value("encoder", "?"), count(r["unlabeled_size"]),
+                    acc(r["knn"]), acc(r["linear"]), acc(r["finetune_full"]),
+                    pair(r["random_encoder_knn"], r["random_encoder_linear"]), pair(r["raw_pixels_knn"], r["raw_pixels_linear"]),
+                    acc(r["supervised_accuracy"]),
+                    r["beats_floors"].is_boolean() ? std::string(r["beats_floors"].get<bool>() ? "yes" : "no (" + r.value("floor", "?") + ")") : "-",
+                    secs(r["pretrain_wall_s"]),
+                    text_or_dash(r["images_per_s"], [](double x) { return format_rate(x); }),
+                    text_or_dash(r["step_cost_vs_supervised"], [](double x) { return format_fixed(x, 2) + "x"; }),
+                    r["health"].is_string() ? r["health"].get<std::string>() +
+                                                  (r["collapse_step"].is_number() ? " at step " + count(r["collapse_step"]) : "")
+                                            : "-"});
+  if (!rows.empty())
+    tables.push_back({{"section", kSslSection}, {"title", "Frozen encoders against their floors and the supervised sibling"},
+                      {"columns", {"cell", "method", "encoder", "unlabeled", "kNN", "linear", "fine-tune (all labels)",
+                                   "random-encoder kNN / linear", "raw-pixel kNN / linear", "supervised", "beats floors",
+                                   "pre-train", "img/s", "step cost vs supervised", "health"}},
+                      {"rows", rows}});
+  json eff = json::array();
+  for (const auto& e : ssl.value("label_efficiency", json::array())) {
+    int probes = 0, tunes = 0;
+    for (const auto& sd : e["seeds"]) probes += sd["ssl_path"] == "probe", tunes += sd["ssl_path"] == "finetune";
+    const std::string path = probes && tunes ? "probe/fine-tune" : tunes ? "fine-tune" : probes ? "probe" : "-";
+    std::string delta = "-";
+    if (e["delta_mean"].is_number()) {
+      delta = pts(e["delta_mean"].get<double>());
+      if (e["delta_low"].is_number()) delta += " [" + pts(e["delta_low"].get<double>()) + ", " + pts(e["delta_high"].get<double>()) + "]";
+      delta += " over " + std::to_string(e["n"].get<int64_t>());
+    }
+    const int flagged = e.value("scratch_outside_compute", 0);
+    eff.push_back({e.value("cell", "?"), pct(e["fraction"]), count(e["labels"]), acc(e["ssl_accuracy_mean"]) + " (" + path + ")",
+                   acc(e["scratch_accuracy_mean"]) + (flagged ? " (" + std::to_string(flagged) + " beyond the compute)" : ""),
+                   delta, e["verdict"].is_string() ? e["verdict"].get<std::string>() : "-", secs(e["ssl_cost_s_mean"]),
+                   e["label_equivalent"].is_object() ? e["label_equivalent"].value("text", "-") : "-"});
+  }
+  if (!eff.empty())
+    tables.push_back({{"section", kSslSection}, {"title", "Label efficiency: pre-training against the best scratch run within the same compute"},
+                      {"columns", {"cell", "fraction", "labels", "SSL accuracy (path)", "best scratch within that compute",
+                                   "delta, points [95% CI] over seeds", "verdict", "SSL cost", "label-equivalent for scratch"}},
+                      {"rows", eff}});
+  json sizes = json::array();
+  for (const auto& g : ssl.value("data_size", json::array()))
+    for (const auto& r : g["rows"])
+      sizes.push_back({g.value("method", "?") + " on " + g.value("encoder", "?"), r.value("cell", "?"), count(r["unlabeled_size"]),
+                       acc(r["linear"]), acc(r["knn"]), acc(r["finetune"]) + (g["fraction"].is_number() ? " at " + pct(g["fraction"]) : ""),
+                       secs(r["pretrain_wall_s"])});
+  if (!sizes.empty())
+    tables.push_back({{"section", kSslSection}, {"title", "Unlabeled data size"},
+                      {"columns", {"method", "cell", "unlabeled images", "linear", "kNN", "fine-tune (fewest labels)", "pre-train"}},
+                      {"rows", sizes}});
+}
+
 }  // namespace
 
 json technique_tables(const json& report) {
@@ -220,6 +291,7 @@ json technique_tables(const json& report) {
   }
   parity_tables(report, tables);
   hardware_tables(report, tables);
+  ssl_tables(report, tables);
   return tables;
 }
 
@@ -247,8 +319,17 @@ std::string render_markdown(const json& report) {
   out << "\n## Cells\n\n";
   const json table = cell_table(report);
   md_table(out, table["columns"], table["rows"]);
+  std::string section;
   for (const auto& t : technique_tables(report)) {
-    out << "\n## " << t["title"].get<std::string>() << "\n\n";
+    // Tables of one section share its heading.
+    if (t.contains("section")) {
+      if (t["section"] != section) out << "\n## " << t["section"].get<std::string>() << "\n";
+      section = t["section"];
+      out << "\n### " << t["title"].get<std::string>() << "\n\n";
+    } else {
+      section.clear();
+      out << "\n## " << t["title"].get<std::string>() << "\n\n";
+    }
     md_table(out, t["columns"], t["rows"]);
   }
   out << "\n## Recommendations\n\n";

@@ -170,6 +170,9 @@ json make_report(const json& env, const json& suite, const std::vector<json>& ce
   r["suite"] = suite;
   r["cells"] = cells;
   if (!frontier.is_null()) r["frontier"] = frontier;
+  // Before the recommendations, which read it.
+  const json ssl = ssl_summary(r);
+  if (!ssl.is_null()) r["ssl"] = ssl;
   r["recommendations"] = recommend(r);
   return r;
 }

@@ -48,6 +48,16 @@ json compare_numerics(const json& cell, const json& fp32);
 inline constexpr double kMatchFinalLoss = 0.02;  // relative
 inline constexpr double kMatchCurve = 0.10;      // relative, at any logged step
 
+// The self-supervised summary (null when no cell has metrics.ssl): {"confidence", "rows": one per
+// cell with metrics.ssl against its floors and supervised sibling, "label_efficiency": per SSL cell and
+// label fraction, pre-training against the best scratch run within the same compute (paired by label
+// seed, mean delta with a Student t interval), "data_size": SSL cells that differ only in unlabeled_size}.
+json ssl_summary(const json& report);
+// simclr | byol | dino | mae.
+bool is_ssl_method(const std::string& method);
+// The two-sided 95% Student t quantile for `df` degrees of freedom (NaN below 1).
+double student_t975(int64_t df);
+
 // The terminal table: cell, status, step p50, throughput, peak memory, loss/accuracy, speed-up.
 std::string render_summary(const json& report);
 

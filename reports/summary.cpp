@@ -1,6 +1,7 @@
 // The terminal summary: one row per cell, read from the report JSON alone.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <sstream>
 
@@ -139,6 +140,38 @@ std::string render_summary(const json& report) {
       out << "  " << pad(op, 15) << " " << format_bytes(r.value("bytes", 0.0)) << "  busbw "
           << format_fixed(r.value("busbw_gbps", 0.0), 2) << " GB/s  algbw " << format_fixed(r.value("algbw_gbps", 0.0), 2)
           << " GB/s  " << format_seconds(r.value("time_s", 0.0)) << " per call\n";
+  }
+  // Self-supervised cells: the frozen encoder beside its floors and sibling, then what pre-training
+  // bought per label fraction against scratch at equal compute.
+  const json ssl = report.contains("ssl") ? report["ssl"] : ssl_summary(report);
+  if (ssl.is_object()) {
+    auto acc = [](const json& v) { return v.is_number() ? format_fixed(v.get<double>(), 3) : std::string("-"); };
+    auto pts = [](const json& v) {
+      return v.is_number() ? (v.get<double>() >= 0 ? "+" : "-") + format_fixed(std::fabs(100 * v.get<double>()), 1) : std::string("-");
+    };
+    out << "\nself-supervised (frozen encoder kNN / linear; floors: random-encoder / raw-pixel linear):\n";
+    for (const auto& r : ssl["rows"]) {
+      out << "  " << pad(r["cell"].get<std::string>(), 28) << "  " << acc(r["knn"]) << " / " << acc(r["linear"])
+          << "  floors " << acc(r["random_encoder_linear"]) << " / " << acc(r["raw_pixels_linear"]);
+      if (r["finetune_full"].is_number()) out << "  fine-tune " << acc(r["finetune_full"]);
+      if (r["supervised_accuracy"].is_number()) out << "  supervised " << acc(r["supervised_accuracy"]);
+      if (r["health"].is_string()) out << "  " << r["health"].get<std::string>();
+      out << "\n";
+    }
+    std::string cell, line;
+    auto flush = [&] {
+      if (!line.empty()) out << "  " << pad(cell, 28) << "  " << line << "\n";
+      line.clear();
+    };
+    for (const auto& e : ssl["label_efficiency"]) {
+      if (!e["verdict"].is_string()) continue;
+      if (e["cell"] != cell) flush(), cell = e["cell"];
+      char f[32];
+      std::snprintf(f, sizeof f, "%g%%", 100 * e["fraction"].get<double>());
+      line += (line.empty() ? "vs scratch: " : "; ") + std::string(f) + " " + e["verdict"].get<std::string>() + " (" +
+              pts(e["delta_mean"]) + " [" + pts(e["delta_low"]) + ", " + pts(e["delta_high"]) + "] points)";
+    }
+    flush();
   }
   if (report.contains("recommendations") && !report["recommendations"].empty()) {
     out << "\nrecommendations:\n";

@@ -24,7 +24,7 @@ int64_t mix(int64_t seed, int64_t stream, int64_t index) {
 // ---- Fashion-MNIST -----------------------------------------------------------------------------
 class FashionMnist : public DataSource {
  public:
-  explicit FashionMnist(int64_t seed) : seed_(seed) {
+  FashionMnist(int64_t seed, int64_t subset) : seed_(seed) {
     const std::string dir = fashion_mnist_dir();
     if (!fashion_mnist_available())
       throw MissingData("Fashion-MNIST not found in " + dir +
@@ -35,11 +35,19 @@ class FashionMnist : public DataSource {
     test_y_ = read_idx_gz(dir + "/t10k-labels-idx1-ubyte.gz").to(torch::kLong);
     if (train_x_.size(0) != train_y_.size(0) || test_x_.size(0) != test_y_.size(0))
       throw std::runtime_error("Fashion-MNIST in " + dir + ": image and label counts differ");
+    if (subset > train_x_.size(0))
+      throw UsageError("unlabeled_size " + std::to_string(subset) + " exceeds Fashion-MNIST's " +
+                       std::to_string(train_x_.size(0)) + " training images");
+    if (subset > 0) {
+      // A seed-independent permutation: subsets of different sizes nest.
+      auto g = generator(mix(0, 5, 0));
+      subset_ = torch::randperm(train_x_.size(0), g, torch::kLong).narrow(0, 0, subset).contiguous();
+    }
   }
   DataShape shape() const override { return {1, train_x_.size(1), train_x_.size(2), 10, 0, 0}; }
   Batch train_batch(int64_t step, int64_t batch_size) override {
     // Sample k of the stream is position k of the epoch's permutation (one permutation per epoch).
-    const int64_t n = train_x_.size(0);
+    const int64_t n = train_size();
     std::vector<int64_t> idx(static_cast<size_t>(batch_size));
     for (int64_t i = 0; i < batch_size; ++i) {
       const int64_t k = step * batch_size + i, epoch = k / n;
@@ -52,18 +60,21 @@ class FashionMnist : public DataSource {
       idx[static_cast<size_t>(i)] = perm_[static_cast<size_t>(k % n)];
     }
     auto index = torch::from_blob(idx.data(), {batch_size}, torch::kLong).clone();
+    if (subset_.defined()) index = subset_.index_select(0, index);
     return {normalize(train_x_.index_select(0, index)), train_y_.index_select(0, index)};
   }
   Batch test_set() override { return {normalize(test_x_), test_y_}; }
+  Batch train_set() override { return {normalize(train_x_), train_y_}; }
+  int64_t train_size() const override { return subset_.defined() ? subset_.size(0) : train_x_.size(0); }
   std::string describe() const override { return "fashion-mnist (" + fashion_mnist_dir() + ")"; }
 
  private:
   // Standardised with the training set's mean and standard deviation (0.2860, 0.3530).
   static torch::Tensor normalize(const torch::Tensor& u8) {
-    return ((u8.to(torch::kFloat) / 255.0 - 0.2860) / 0.3530).unsqueeze(1);
+    return ((u8.to(torch::kFloat) / 255.0 - kPixelMean) / kPixelStd).unsqueeze(1);
   }
   int64_t seed_;
-  torch::Tensor train_x_, train_y_, test_x_, test_y_;
+  torch::Tensor train_x_, train_y_, test_x_, test_y_, subset_;
   std::vector<int64_t> perm_;
   int64_t epoch_ = -1;
 };
@@ -86,6 +97,7 @@ class SyntheticImages : public DataSource {
   DataShape shape() const override { return shape_; }
   Batch train_batch(int64_t step, int64_t batch_size) override { return draw(mix(seed_, 3, step), batch_size); }
   Batch test_set() override { return draw(mix(seed_, 4, 0), 1024); }
+  Batch train_set() override { return draw(mix(seed_, 6, 0), 4096); }
   std::string describe() const override { return "synthetic-images (class templates + noise)"; }
 
  private:
@@ -175,9 +187,10 @@ std::string resolve_data(const std::string& data, const ModelPreset& model) {
   return model.family == "gpt" ? "synthetic-tokens" : "fashion-mnist";
 }
 
-std::unique_ptr<DataSource> make_data(const std::string& data, const ModelPreset& model, int64_t seed) {
+std::unique_ptr<DataSource> make_data(const std::string& data, const ModelPreset& model, int64_t seed,
+                                      int64_t unlabeled_size) {
   const std::string kind = resolve_data(data, model);
-  if (kind == "fashion-mnist") return std::make_unique<FashionMnist>(seed);
+  if (kind == "fashion-mnist") return std::make_unique<FashionMnist>(seed, unlabeled_size);
   if (kind == "synthetic-images") return std::make_unique<SyntheticImages>(seed, DataShape{1, 28, 28, 10, 0, 0});
   if (kind == "synthetic-tokens") {
     if (model.family != "gpt") throw UsageError("data 'synthetic-tokens' needs a gpt model, not '" + model.name + "'");

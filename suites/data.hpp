@@ -16,12 +16,23 @@ class DataSource {
   virtual Batch train_batch(int64_t step, int64_t batch_size) = 0;
   // Held-out set for accuracy; empty tensors when the source has none.
   virtual Batch test_set() { return {}; }
+  // The labelled training pool for evaluation protocols (kNN bank, probes, label subsets); empty when
+  // the source has none. Independent of unlabeled_size.
+  virtual Batch train_set() { return {}; }
+  // Images the training stream draws from (0: unbounded, synthetic).
+  virtual int64_t train_size() const { return 0; }
   virtual std::string describe() const = 0;
 };
 
 // `data` is the config value; "auto" picks Fashion-MNIST for image models, tokens for GPT.
 std::string resolve_data(const std::string& data, const ModelPreset& model);
-std::unique_ptr<DataSource> make_data(const std::string& data, const ModelPreset& model, int64_t seed);
+// unlabeled_size > 0: Fashion-MNIST's stream draws from the first N images of a fixed permutation (the
+// same for every seed, so 6k is inside 30k is inside 60k).
+std::unique_ptr<DataSource> make_data(const std::string& data, const ModelPreset& model, int64_t seed,
+                                      int64_t unlabeled_size = 0);
+
+// Fashion-MNIST's normalisation (the training set's mean and standard deviation).
+inline constexpr double kPixelMean = 0.2860, kPixelStd = 0.3530;
 
 // Where Fashion-MNIST is read from: $TRAINSCOPE_FASHION_MNIST or Debian's location.
 std::string fashion_mnist_dir();

@@ -16,8 +16,11 @@ const std::vector<ModelPreset>& model_presets() {
       {"mlp", "mlp", {512, 256}, 0, 0, 0, 0, 0, 0.0, "MLP 512-256"},
       {"mlp-large", "mlp", {4096, 4096, 4096, 4096}, 0, 0, 0, 0, 0, 0.0, "MLP 4x4096 (GPU)"},
       {"cnn-tiny", "cnn", {1, 1}, 8, 0, 0, 0, 0, 0.0, "ResNet-style, 2 stages of 1 block, width 8 (CI)"},
+      {"cnn-small", "cnn", {1, 1, 1}, 16, 0, 0, 0, 0, 0.0, "ResNet-style, 3 stages of 1 block, width 16 (SSL encoder)"},
       {"cnn", "cnn", {2, 2, 2}, 32, 0, 0, 0, 0, 0.0, "ResNet-style, 3 stages of 2 blocks, width 32"},
       {"resnet18", "cnn", {2, 2, 2, 2}, 64, 0, 0, 0, 0, 0.0, "ResNet-18 layout, width 64 (GPU)"},
+      {"vit-tiny", "vit", {}, 64, 2, 4, 7, 0, 0.0, "ViT, patch 7 (16 tokens), d=64, 2 blocks, 4 heads (CI, SSL encoder)"},
+      {"vit-small", "vit", {}, 96, 4, 4, 4, 0, 0.0, "ViT, patch 4 (49 tokens), d=96, 4 blocks, 4 heads"},
       {"gpt-tiny", "gpt", {}, 64, 2, 4, 64, 256, 0.0, "GPT, 2 layers, d=64, 4 heads, seq 64 (CI)"},
       {"gpt-small", "gpt", {}, 256, 4, 4, 128, 1024, 0.0, "GPT, 4 layers, d=256, seq 128"},
       {"gpt-125m", "gpt", {}, 768, 12, 12, 1024, 50304, 0.0, "GPT-2 small shape, 124M (GPU)"},
@@ -55,6 +58,16 @@ torch::Tensor ReferenceModel::loss(const Batch& b) {
                                                b.target.reshape({-1}));
 }
 
+torch::Tensor ReferenceModel::features(const torch::Tensor&) {
+  throw UsageError("this model has no image encoder (self-supervised methods need mlp, cnn or vit models)");
+}
+
+torch::Tensor patchify(const torch::Tensor& images, int64_t p) {
+  const int64_t B = images.size(0), C = images.size(1), H = images.size(2), W = images.size(3);
+  // [B,C,H/p,p,W/p,p] -> [B,H/p,W/p,p,p,C]: MAE's order of the values inside a patch.
+  return images.reshape({B, C, H / p, p, W / p, p}).permute({0, 2, 4, 3, 5, 1}).reshape({B, (H / p) * (W / p), p * p * C});
+}
+
 namespace {
 
 // aten::linear, as PyTorch's nn.Linear runs it: one addmm over the folded [B*S, D] input. LibTorch's
@@ -76,15 +89,17 @@ class Mlp : public ReferenceModel {
     layers_.push_back(register_module("head", nn::Linear(in, s.classes)));
     dims_.emplace_back(in, s.classes);
   }
-  torch::Tensor forward(const torch::Tensor& x) override {
+  torch::Tensor forward(const torch::Tensor& x) override { return boundary("head", linear(layers_.back(), features(x))); }
+  torch::Tensor features(const torch::Tensor& x) override {
     torch::Tensor h = x.flatten(1);
     for (size_t i = 0; i + 1 < layers_.size(); ++i) {
       auto& layer = layers_[i];
       h = run_block(static_cast<int64_t>(i), *layer, [&layer](const torch::Tensor& in) { return torch::relu(linear(layer, in)); }, h);
       h = boundary("fc" + std::to_string(i), h);
     }
-    return boundary("head", linear(layers_.back(), h));
+    return h;
   }
+  int64_t feature_dim() const override { return dims_.back().first; }
   std::vector<torch::nn::Module*> blocks() override {
     std::vector<torch::nn::Module*> out;
     for (size_t i = 0; i + 1 < layers_.size(); ++i) out.push_back(layers_[i].get());
@@ -181,15 +196,17 @@ class Cnn : public ReferenceModel {
     head_macs_ = static_cast<double>(in) * s.classes;
     head_params_ = in * s.classes + s.classes;
   }
-  torch::Tensor forward(const torch::Tensor& x) override {
+  torch::Tensor forward(const torch::Tensor& x) override { return boundary("head", head_->forward(features(x))); }
+  torch::Tensor features(const torch::Tensor& x) override {
     torch::Tensor h = boundary("stem", torch::relu(stem_bn_->forward(stem_->forward(x))));
     for (size_t i = 0; i < blocks_.size(); ++i) {
       auto& b = blocks_[i];
       h = run_block(static_cast<int64_t>(i), *b, [&b](const torch::Tensor& in) { return b->forward(in); }, h);
       h = boundary("block" + std::to_string(i), h);
     }
-    return boundary("head", head_->forward(h.mean({2, 3})));
+    return h.mean({2, 3});
   }
+  int64_t feature_dim() const override { return head_->options.in_features(); }
   std::vector<torch::nn::Module*> blocks() override {
     std::vector<torch::nn::Module*> out;
     for (auto& b : blocks_) out.push_back(b.get());
@@ -208,6 +225,75 @@ class Cnn : public ReferenceModel {
   nn::Linear head_{nullptr};
   double head_macs_ = 0;
   int64_t head_params_ = 0;
+};
+
+// ---- ViT --------------------------------------------------------------------------------------------
+// Patches of p x p pixels, a linear patch embedding, learned positions, pre-LN blocks, mean-pooled
+// tokens (no CLS token, so that MAE's visible-token encoder and the classifier share one path).
+class Vit : public ReferenceModel, public PatchEncoder {
+ public:
+  Vit(const ModelPreset& p, const DataShape& s) : p_(p), channels_(s.channels) {
+    if (s.height % p.seq_len != 0 || s.width % p.seq_len != 0)
+      throw UsageError("model '" + p.name + "': patch " + std::to_string(p.seq_len) + " does not divide " +
+                       std::to_string(s.height) + "x" + std::to_string(s.width) + " images");
+    patches_ = (s.height / p.seq_len) * (s.width / p.seq_len);
+    embed_ = register_module("patch_embed", nn::Linear(p.seq_len * p.seq_len * s.channels, p.width));
+    pos_ = register_parameter("pos_embed", torch::randn({1, patches_, p.width}) * 0.02);
+    for (int64_t i = 0; i < p.layers; ++i)
+      blocks_.push_back(register_module("block" + std::to_string(i), std::make_shared<VitBlock>(p.width, p.heads)));
+    norm_ = register_module("norm", nn::LayerNorm(nn::LayerNormOptions({p.width})));
+    head_ = register_module("head", nn::Linear(p.width, s.classes));
+    classes_ = s.classes;
+  }
+  torch::Tensor embed(const torch::Tensor& images) override {
+    return linear(embed_, patchify(images, p_.seq_len)) + pos_;
+  }
+  torch::Tensor encode(const torch::Tensor& tokens) override {
+    torch::Tensor h = boundary("embed", tokens);
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      auto& b = blocks_[i];
+      h = run_block(static_cast<int64_t>(i), *b, [&b](const torch::Tensor& in) { return b->forward(in); }, h);
+      h = boundary("block" + std::to_string(i), h);
+    }
+    return norm_->forward(h);
+  }
+  torch::Tensor features(const torch::Tensor& x) override { return encode(embed(x)).mean(1); }
+  torch::Tensor forward(const torch::Tensor& x) override { return boundary("head", linear(head_, features(x))); }
+  int64_t feature_dim() const override { return p_.width; }
+  int64_t patch() const override { return p_.seq_len; }
+  int64_t dim() const override { return p_.width; }
+  int64_t patches() const override { return patches_; }
+  double encode_flops(int64_t tokens) const override {
+    double f = 0;
+    for (const auto& b : blocks_) f += b->forward_flops(tokens);
+    return f;
+  }
+  std::vector<torch::nn::Module*> blocks() override {
+    std::vector<torch::nn::Module*> out;
+    for (auto& b : blocks_) out.push_back(b.get());
+    return out;
+  }
+  int64_t analytic_parameters() const override {
+    const int64_t D = p_.width, pp = p_.seq_len * p_.seq_len * channels_;
+    return pp * D + D + patches_ * D + p_.layers * (12 * D * D + 13 * D) + 2 * D + D * classes_ + classes_;
+  }
+  double training_flops_per_sample() const override {
+    const double embed = 2.0 * patches_ * p_.seq_len * p_.seq_len * channels_ * p_.width;
+    return 3.0 * (embed + encode_flops(patches_) + 2.0 * p_.width * classes_);
+  }
+  std::vector<double> block_forward_flops() const override {
+    std::vector<double> f;
+    for (const auto& b : blocks_) f.push_back(b->forward_flops(patches_));
+    return f;
+  }
+
+ private:
+  ModelPreset p_;
+  int64_t channels_, patches_ = 0, classes_ = 0;
+  nn::Linear embed_{nullptr}, head_{nullptr};
+  torch::Tensor pos_;
+  std::vector<std::shared_ptr<VitBlock>> blocks_;
+  nn::LayerNorm norm_{nullptr};
 };
 
 // ---- GPT-style decoder ----------------------------------------------------------------------------
@@ -317,11 +403,34 @@ class Gpt : public ReferenceModel {
 
 }  // namespace
 
+VitBlock::VitBlock(int64_t d, int64_t heads) : d_(d), heads_(heads) {
+  ln1_ = register_module("ln1", nn::LayerNorm(nn::LayerNormOptions({d})));
+  qkv_ = register_module("qkv", nn::Linear(d, 3 * d));
+  proj_ = register_module("proj", nn::Linear(d, d));
+  ln2_ = register_module("ln2", nn::LayerNorm(nn::LayerNormOptions({d})));
+  fc_ = register_module("fc", nn::Linear(d, 4 * d));
+  fc_proj_ = register_module("fc_proj", nn::Linear(4 * d, d));
+}
+
+torch::Tensor VitBlock::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), L = x.size(1), Dh = d_ / heads_;
+  auto heads = linear(qkv_, ln1_->forward(x)).view({B, L, 3, heads_, Dh}).permute({2, 0, 3, 1, 4});
+  auto att = torch::softmax(torch::matmul(heads[0], heads[1].transpose(-2, -1)) / std::sqrt(static_cast<double>(Dh)), -1);
+  auto h = x + linear(proj_, torch::matmul(att, heads[2]).transpose(1, 2).reshape({B, L, d_}));
+  return h + linear(fc_proj_, torch::gelu(linear(fc_, ln2_->forward(h))));
+}
+
+double VitBlock::forward_flops(int64_t tokens) const {
+  const double D = static_cast<double>(d_), L = static_cast<double>(tokens);
+  return 2.0 * 12 * D * D * L + 4.0 * L * L * D;  // weight matmuls, then QK^T and AV
+}
+
 std::shared_ptr<ReferenceModel> make_model(const ModelPreset& preset, const DataShape& shape) {
   if (preset.family != "gpt" && shape.tokens())
     throw UsageError("model '" + preset.name + "' needs image data (fashion-mnist or synthetic-images)");
   if (preset.family == "mlp") return std::make_shared<Mlp>(preset, shape);
   if (preset.family == "cnn") return std::make_shared<Cnn>(preset, shape);
+  if (preset.family == "vit") return std::make_shared<Vit>(preset, shape);
   if (preset.family == "gpt") {
     if (!shape.tokens() || shape.vocab != preset.vocab || shape.seq_len != preset.seq_len)
       throw UsageError("model '" + preset.name + "' needs token data (data = synthetic-tokens)");

@@ -7,11 +7,13 @@
 // parameter but the position embedding.
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
+#include "core/hooks.hpp"
 #include "suites/checkpoint.hpp"
 
 namespace trainscope::suites {
@@ -29,10 +31,10 @@ struct Batch {
 };
 
 struct ModelPreset {
-  std::string name, family;  // family: mlp | cnn | gpt
+  std::string name, family;  // family: mlp | cnn | gpt | vit
   std::vector<int64_t> hidden;  // mlp: hidden widths; cnn: blocks per stage
   int64_t width = 0;            // cnn: stem channels; gpt: model dim D
-  int64_t layers = 0, heads = 0, seq_len = 0, vocab = 0;  // gpt
+  int64_t layers = 0, heads = 0, seq_len = 0, vocab = 0;  // gpt; vit: layers, heads (seq_len = patch size)
   double dropout = 0.0;
   std::string summary;
 };
@@ -48,12 +50,22 @@ class ReferenceModel : public torch::nn::Module {
   virtual int64_t analytic_parameters() const = 0;
   virtual double training_flops_per_sample() const = 0;
   virtual int64_t tokens_per_sample() const { return 0; }
-  bool classifies() const { return tokens_per_sample() == 0; }
+  virtual bool classifies() const { return tokens_per_sample() == 0; }
+
+  // The encoder's representation before the classifier (image models): [B, feature_dim()].
+  virtual torch::Tensor features(const torch::Tensor& x);
+  virtual int64_t feature_dim() const { return 0; }
+  // Called after every applied optimizer step (1-based count of them, of `total`): EMA teachers.
+  virtual void after_step(int64_t /*applied*/, int64_t /*total*/) {}
+  // A must-match stream for the RNG/consistency probe beyond the parameters (an EMA teacher's).
+  virtual std::optional<uint64_t> teacher_fingerprint() { return std::nullopt; }
+  // What the loss of the last step acted on (SSL methods), for the health probe.
+  virtual std::optional<EmbeddingSample> last_embeddings() const { return std::nullopt; }
 
   // Called with every block's output ("fc0", "block3", "head", ...) during forward; the training
   // loop uses it for fp16 emulation and to let probes observe activations and gradients.
   using Boundary = std::function<torch::Tensor(const std::string& block, torch::Tensor x)>;
-  void set_boundary(Boundary b) { boundary_ = std::move(b); }
+  virtual void set_boundary(Boundary b) { boundary_ = std::move(b); }
 
   // Activation checkpointing of the model's blocks (suites/checkpoint.hpp).
   virtual void set_checkpoint(const CheckpointPolicy& p) { checkpoint_ = p; }
@@ -68,7 +80,7 @@ class ReferenceModel : public torch::nn::Module {
   virtual std::vector<torch::nn::Module*> blocks() = 0;
   // Wraps every block's forward during training (zero3 gathers the block's parameters around it).
   using BlockWrapper = std::function<torch::Tensor(int64_t index, const BlockFn& body, const torch::Tensor& x)>;
-  void set_block_wrapper(BlockWrapper w) { block_wrapper_ = std::move(w); }
+  virtual void set_block_wrapper(BlockWrapper w) { block_wrapper_ = std::move(w); }
 
  protected:
   torch::Tensor boundary(const std::string& block, torch::Tensor x) {
@@ -97,6 +109,34 @@ class ReferenceModel : public torch::nn::Module {
 };
 
 std::shared_ptr<ReferenceModel> make_model(const ModelPreset& preset, const DataShape& shape);
+
+// A pre-LN transformer block without a causal mask (ViT encoder, MAE decoder).
+class VitBlock : public torch::nn::Module {
+ public:
+  VitBlock(int64_t d, int64_t heads);
+  torch::Tensor forward(const torch::Tensor& x);  // [B, L, D]
+  double forward_flops(int64_t tokens) const;     // per sample
+
+ private:
+  int64_t d_, heads_;
+  torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
+  torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, fc_{nullptr}, fc_proj_{nullptr};
+};
+
+// What MAE needs of a ViT: patch tokens, and the blocks run over any subset of them.
+class PatchEncoder {
+ public:
+  virtual ~PatchEncoder() = default;
+  virtual torch::Tensor embed(const torch::Tensor& images) = 0;   // [B, L, D]: patches + position
+  virtual torch::Tensor encode(const torch::Tensor& tokens) = 0;  // blocks and the final norm
+  virtual int64_t patch() const = 0;
+  virtual int64_t dim() const = 0;
+  virtual int64_t patches() const = 0;
+  virtual double encode_flops(int64_t tokens) const = 0;  // forward, per sample
+};
+
+// [B, C, H, W] -> [B, L, p*p*C] (row-major patches, as MAE's patchify).
+torch::Tensor patchify(const torch::Tensor& images, int64_t p);
 
 // Counts trainable parameters of a module (numel of every parameter).
 int64_t count_parameters(const torch::nn::Module& m);

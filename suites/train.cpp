@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
@@ -78,6 +79,7 @@ std::string unsupported_reason(const RunConfig& c, const std::string& device) {
   }
 #endif
   const ModelPreset& m = model_preset(c.model);
+  if (const std::string why = ssl::unsupported_method(c, m); !why.empty()) return why;
   if (c.checkpoint == "selective" && m.family != "gpt")
     return "selective checkpointing recomputes the attention core; " + m.name + " has no attention (it would equal none)";
   const std::string data = resolve_data(c.data, m);
@@ -88,7 +90,22 @@ std::string unsupported_reason(const RunConfig& c, const std::string& device) {
   return "";
 }
 
-void load_parameters(torch::nn::Module& model, const std::string& path) {
+void save_parameters(const torch::nn::Module& module, const std::string& path) {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::TensorType::get());
+  for (const auto& item : module.named_parameters()) d.insert(item.key(), item.value().detach().to(torch::kCPU).clone());
+  for (const auto& item : module.named_buffers()) d.insert(item.key(), item.value().detach().to(torch::kCPU).clone());
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(d));
+  const std::string tmp = path + ".tmp";
+  if (const auto dir = std::filesystem::path(path).parent_path(); !dir.empty()) std::filesystem::create_directories(dir);
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out) throw std::runtime_error("save_encoder: cannot write '" + path + "'");
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+void load_parameters(torch::nn::Module& model, const std::string& path, const std::string& skip_prefix) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UsageError("initial_parameters: cannot read '" + path + "'");
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -103,11 +120,17 @@ void load_parameters(torch::nn::Module& model, const std::string& path) {
   c10::impl::GenericDict dict = loaded.toGenericDict();
   if (dict.contains("initial") && dict.at("initial").isGenericDict()) dict = dict.at("initial").toGenericDict();
   torch::NoGradGuard no_grad;
-  for (auto& item : model.named_parameters()) {
+  auto named = model.named_parameters();
+  for (const auto& item : model.named_buffers()) named.insert(item.key(), item.value());
+  for (auto& item : named) {
     const std::string& name = item.key();
     torch::Tensor& param = item.value();
-    if (!dict.contains(name) || !dict.at(name).isTensor())
+    const bool buffer = !model.named_parameters().contains(name);
+    if (!dict.contains(name) || !dict.at(name).isTensor()) {
+      // Buffers (BatchNorm statistics) are optional: a parity dump holds parameters only.
+      if (buffer || (!skip_prefix.empty() && name.rfind(skip_prefix, 0) == 0)) continue;
       throw UsageError("initial_parameters: '" + path + "' has no tensor '" + name + "'");
+    }
     const torch::Tensor t = dict.at(name).toTensor();
     if (t.sizes() != param.sizes())
       throw UsageError("initial_parameters: '" + name + "' has shape " + c10::str(t.sizes()) + " in '" + path +
@@ -129,8 +152,15 @@ Trainer::Trainer(const RunConfig& config, const std::string& device, Communicato
   at::globalContext().setAllowTF32CuBLAS(config.precision == "tf32");
   at::globalContext().setAllowTF32CuDNN(config.precision == "tf32");
 
-  data_ = make_data(config.data, preset_, config.seed);
+  data_ = make_data(config.data, preset_, config.seed, config.unlabeled_size);
   model_ = make_model(preset_, data_->shape());
+  if (!config.pretrained.empty()) load_parameters(*model_, config.pretrained, "head.");
+  if (config.method != "supervised") {
+    // The method wraps the encoder: its loss builds the views, its after_step moves the teacher.
+    ssl::Context ctx{&augment_gen_, comm, rank_, world_, config.warmup_steps + config.steps};
+    objective_ = ssl::make_objective(config, model_, preset_, data_->shape(), ctx);
+    model_ = objective_;
+  }
   model_->to(device_, mode_.param_dtype);
   if (!config.initial_parameters.empty()) load_parameters(*model_, config.initial_parameters);
   if (config.parity_dump && rank_ == 0) {
@@ -248,6 +278,13 @@ void Trainer::fingerprints(int64_t step, const Batch& batch, const torch::Tensor
     copy.set_state(cpu_state);
     emit("dropout-masks", "must-match", fingerprint(torch::empty({4096}).bernoulli_(1.0 - preset_.dropout, copy)));
   }
+  // EMA teachers are never reduced: only their identical updates keep them equal on every rank.
+  if (const auto teacher = model_->teacher_fingerprint()) emit("teacher-parameters", "must-match", *teacher);
+  if (objective_) {
+    // SSL views are drawn inside the loss from the rank's augmentation generator: its state stands for them.
+    std::lock_guard<std::mutex> lock(augment_gen_.mutex());
+    emit("augmentation", "should-differ", fingerprint(augment_gen_.get_state()));
+  }
   emit("data-samples", "should-differ", fingerprint(batch.target, fingerprint(batch.input)));
   if (flips.defined()) emit("augmentation", "should-differ", fingerprint(flips));
 }
@@ -289,6 +326,12 @@ torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
     loss = model_->loss(batch);
   }
   hooks.forward_end(si);
+  if (hooks.wants_embeddings(step))
+    if (auto sample = model_->last_embeddings()) {
+      sample->step = step;
+      sample->loss = loss.detach().item<double>();  // a sync, on sampled steps only
+      hooks.embeddings(*sample);
+    }
   torch::Tensor objective = config_.loss_multiplier != 1.0 ? loss * config_.loss_multiplier : loss;
   if (scaler_) {
     si.loss_scale = scaler_->current_scale();
@@ -322,6 +365,7 @@ torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
     optimizer_->step();
     strategy_->after_step();
     ++applied_steps_;
+    model_->after_step(applied_steps_, config_.warmup_steps + config_.steps);
     set_lr(scheduled_lr(config_.lr_schedule, config_.lr, applied_steps_, config_.warmup_steps + config_.steps));
   }
   if (parity_ && scaler_) {

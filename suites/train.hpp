@@ -12,6 +12,7 @@
 #include "suites/models.hpp"
 #include "suites/parallel.hpp"
 #include "suites/precision.hpp"
+#include "suites/ssl/methods.hpp"
 
 namespace trainscope::suites {
 
@@ -51,7 +52,11 @@ struct ParityRecord {
 
 // Loads a name -> tensor file written by Python's torch.save (or a parity dump: its "initial") into
 // the model's parameters; UsageError on a missing name or a shape that differs.
-void load_parameters(torch::nn::Module& model, const std::string& path);
+// skip_prefix: parameters whose name starts with it may be absent from the file (a classifier head
+// that a saved encoder has not got).
+void load_parameters(torch::nn::Module& model, const std::string& path, const std::string& skip_prefix = "");
+// Writes the module's parameters and buffers as a name -> tensor dict (torch.load reads it).
+void save_parameters(const torch::nn::Module& module, const std::string& path);
 
 class Trainer {
  public:
@@ -77,6 +82,12 @@ class Trainer {
   GradScaler* scaler() { return scaler_.get(); }
   int64_t applied_steps() const { return applied_steps_; }
   const ParityRecord* parity() const { return parity_.get(); }
+  // The self-supervised objective wrapping the encoder (null for supervised cells).
+  ssl::SslObjective* objective() { return objective_.get(); }
+  // The encoder evaluation reads: an SSL method's eval encoder, or the model itself.
+  ReferenceModel& encoder() { return objective_ ? objective_->eval_encoder() : *model_; }
+  DataSource& data() { return *data_; }
+  const ModelPreset& preset() const { return preset_; }
 
  private:
   torch::Tensor boundary(const std::string& block, torch::Tensor x);
@@ -90,6 +101,7 @@ class Trainer {
   PrecisionMode mode_;
   std::unique_ptr<DataSource> data_;
   std::shared_ptr<ReferenceModel> model_;
+  std::shared_ptr<ssl::SslObjective> objective_;  // model_ itself, for SSL methods
   std::unique_ptr<ParallelStrategy> strategy_;
   std::vector<torch::Tensor> opt_params_;  // what the optimizer owns: the parameters, or this rank's shards
   std::unique_ptr<torch::optim::Optimizer> optimizer_;

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <string>
 
+#include <gtest/gtest.h>
+
 #include "test_paths.hpp"
 
 #include "core/config.hpp"
@@ -85,6 +87,21 @@ inline SuiteRun run_suite_text(const std::string& name, const std::string& toml,
   std::ifstream in(out + "/report.json");
   if (in) r.report = json::parse(in);
   return r;
+}
+
+// The report's cell of that name (a test failure when there is none).
+inline json cell_named(const json& report, const std::string& name) {
+  for (const auto& c : report["cells"])
+    if (c["name"] == name) return c;
+  ADD_FAILURE() << "no cell " << name;
+  return json::object();
+}
+
+// One RNG/consistency stream of a multi-rank cell (empty when the probe has none of that name).
+inline json rng_stream(const json& cell, const std::string& name) {
+  for (const auto& s : cell["metrics"]["rng"]["streams"])
+    if (s["name"] == name) return s;
+  return json::object();
 }
 
 // Validates a report against the JSON Schema with Debian's python3-jsonschema.

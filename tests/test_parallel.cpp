@@ -27,23 +27,10 @@ using namespace trainscope::test;
 
 namespace {
 
-json cell_named(const json& report, const std::string& name) {
-  for (const auto& c : report["cells"])
-    if (c["name"] == name) return c;
-  ADD_FAILURE() << "no cell " << name;
-  return json::object();
-}
-
 std::vector<torch::Tensor> load_params(const std::string& path) {
   std::vector<torch::Tensor> v;
   torch::load(v, path);
   return v;
-}
-
-json stream(const json& cell, const std::string& name) {
-  for (const auto& s : cell["metrics"]["rng"]["streams"])
-    if (s["name"] == name) return s;
-  return json::object();
 }
 
 }  // namespace
@@ -399,29 +386,29 @@ augment = true
   for (const std::string model : {"gpt-tiny", "mlp-tiny"}) {
     const json clean = cell_named(report, model + "/inject=none");
     EXPECT_EQ(clean["metrics"]["rng"]["violations"], 0) << clean["metrics"]["rng"].dump();
-    EXPECT_GT(stream(clean, "parameters")["steps_compared"].get<int>(), 1);
+    EXPECT_GT(rng_stream(clean, "parameters")["steps_compared"].get<int>(), 1);
 
     const json same = cell_named(report, model + "/inject=same-data-seed");
-    EXPECT_EQ(stream(same, "data-samples")["verdict"], "violated");
-    EXPECT_EQ(stream(same, "data-samples")["first_violation_step"], 0);
-    EXPECT_EQ(stream(same, "data-samples")["ranks"], json::array({0, 1}));
-    EXPECT_NE(stream(same, "data-samples")["detail"].get<std::string>().find("no diversity"), std::string::npos);
-    EXPECT_EQ(stream(same, "parameters")["verdict"], "ok");
+    EXPECT_EQ(rng_stream(same, "data-samples")["verdict"], "violated");
+    EXPECT_EQ(rng_stream(same, "data-samples")["first_violation_step"], 0);
+    EXPECT_EQ(rng_stream(same, "data-samples")["ranks"], json::array({0, 1}));
+    EXPECT_NE(rng_stream(same, "data-samples")["detail"].get<std::string>().find("no diversity"), std::string::npos);
+    EXPECT_EQ(rng_stream(same, "parameters")["verdict"], "ok");
 
     const json skip = cell_named(report, model + "/inject=skip-broadcast");
-    EXPECT_EQ(stream(skip, "initial-weights")["verdict"], "violated");
-    EXPECT_EQ(stream(skip, "initial-weights")["first_violation_step"], 0);
-    EXPECT_EQ(stream(skip, "parameters")["verdict"], "violated");  // DDP averages gradients, not weights
-    EXPECT_EQ(stream(skip, "data-samples")["verdict"], "ok");
+    EXPECT_EQ(rng_stream(skip, "initial-weights")["verdict"], "violated");
+    EXPECT_EQ(rng_stream(skip, "initial-weights")["first_violation_step"], 0);
+    EXPECT_EQ(rng_stream(skip, "parameters")["verdict"], "violated");  // DDP averages gradients, not weights
+    EXPECT_EQ(rng_stream(skip, "data-samples")["verdict"], "ok");
   }
   const json mlp_same = cell_named(report, "mlp-tiny/inject=same-data-seed");
-  EXPECT_EQ(stream(mlp_same, "augmentation")["verdict"], "violated");
-  EXPECT_EQ(stream(cell_named(report, "mlp-tiny/inject=none"), "augmentation")["verdict"], "ok");
+  EXPECT_EQ(rng_stream(mlp_same, "augmentation")["verdict"], "violated");
+  EXPECT_EQ(rng_stream(cell_named(report, "mlp-tiny/inject=none"), "augmentation")["verdict"], "ok");
   const json dropout = cell_named(report, "gpt-tiny/inject=rank-dropout-seed");
-  EXPECT_EQ(stream(dropout, "dropout-masks")["verdict"], "violated");
-  EXPECT_EQ(stream(dropout, "dropout-masks")["first_violation_step"], 0);
-  EXPECT_EQ(stream(dropout, "initial-weights")["verdict"], "ok");
-  EXPECT_EQ(stream(cell_named(report, "gpt-tiny/inject=none"), "dropout-masks")["verdict"], "ok");
+  EXPECT_EQ(rng_stream(dropout, "dropout-masks")["verdict"], "violated");
+  EXPECT_EQ(rng_stream(dropout, "dropout-masks")["first_violation_step"], 0);
+  EXPECT_EQ(rng_stream(dropout, "initial-weights")["verdict"], "ok");
+  EXPECT_EQ(rng_stream(cell_named(report, "gpt-tiny/inject=none"), "dropout-masks")["verdict"], "ok");
 }
 
 TEST(Parallel, DeadOrHungRankFailsTheCellAndLeavesNoProcess) {

@@ -1,5 +1,7 @@
-// The report: atomic write and strict read, summary table, recommendations.
+// The report: atomic write and strict read, summary table, recommendations, the self-supervised summary.
+#include <cmath>
 #include <fstream>
+#include <iterator>
 #include <map>
 
 #include <gtest/gtest.h>
@@ -9,6 +11,7 @@
 #include "test_paths.hpp"
 
 #include "core/errors.hpp"
+#include "reports/render.hpp"
 #include "reports/report.hpp"
 
 using namespace trainscope;
@@ -197,4 +200,407 @@ TEST(Recommendations, ParallelCellsAgainstOneProcessDdpAndTheLink) {
   EXPECT_NE(by_id["rng.augmentation"].find("violated from step 10 on ranks 0, 1: the augmentation stream is identical on "
                                            "all ranks: seed it per rank"),
             std::string::npos) << by_id["rng.augmentation"];
+}
+
+// ---- Self-supervised summary ----------------------------------------------------------------------
+//
+// Three cells by hand: a supervised sibling whose scratch runs log (seconds, accuracy) points, and two
+// SimCLR cells on the same encoder that differ only in unlabeled_size. Per label seed i the SSL arm is
+// max(probe_i, finetune_i), costing pre-training (+ the fine-tune when it won); the scratch arm is the
+// best point of scratch_curve[i] within that cost.
+//
+// A (60000 images, 20 s pre-training):
+//   1%:   fine-tune wins on every seed (.66 .67 .65), cost 20 + 1 = 21 s. Scratch within 21 s:
+//         seed 0 max(.55 @10, .63 @15, .60 @20) = .63 (not the later .60, not .70 @40), seed 1 .62,
+//         seed 2 .61. Deltas .03 .05 .04: mean .04, sd .01, t(0.975, 2) = 4.30265272974946,
+//         half-width 4.30265272974946 * .01 / sqrt(3) = .0248413771: CI [.0151586, .0648414] > 0: pays off.
+//   10%:  seed 0 probe .80 (>= .78) at 20 s vs scratch .79 @20: +.01; seed 1 fine-tune .80 at 22 s vs
+//         .78 @20: +.02; seed 2 probe .81 at 20 s vs .83 @20: -.02. Mean .00333, sd .0208167,
+//         half-width .0517111: CI [-.0483778, .0550444] spans 0: inconclusive.
+//   100%: fine-tune .88 .87 .89 at 30 s vs scratch .92 @25 each: -.04 -.05 -.03, mean -.04, sd .01:
+//         CI [-.0648414, -.0151586] < 0: does not.
+//   Label equivalent (scratch's best over its whole curve, mean over seeds: 600 labels .70,
+//   6000 .85, 60000 .95333): at 1% SSL reaches .66 <= .70: "<= 1%"; at 10% .80333 lies between
+//   .70 and .85: t = .10333 / .15, labels = 600 * 10^t = 2931.4 (4.89%); at 100% .88: t = .03 / .10333,
+//   labels = 6000 * 10^t = 11708 (19.5%).
+// B (6000 images, 5 s pre-training), 1% only: fine-tune .55 .56 .54 at 6 s; every scratch point took
+//   10 s or more, so each seed takes its first point (.55 .56 .54), flagged: deltas 0 0 0, CI [0, 0]:
+//   inconclusive. B's linear .80 is under the raw-pixel floor .84 (-4.0 points); B collapsed at step 120.
+namespace {
+
+json scratch(const std::vector<std::pair<double, double>>& points) {
+  json c = json::array();
+  int steps = 0;
+  for (const auto& [seconds, accuracy] : points) c.push_back({{"steps", steps += 50}, {"seconds", seconds}, {"accuracy", accuracy}});
+  return c;
+}
+
+json ssl_section(const std::string& method, int64_t unlabeled, double wall_s, double step_s, double knn, double linear,
+                 json label_efficiency) {
+  return json{{"method", method},
+              {"encoder", "cnn-tiny"},
+              {"feature_dim", 32},
+              {"unlabeled_size", unlabeled},
+              {"pretrain", {{"steps", 600}, {"wall_s", wall_s}, {"step_time_s", step_s}, {"images_per_s", 256 / step_s},
+                            {"views", method == "supervised" ? 1 : 2}, {"effective_batch", 256},
+                            {"negatives", method == "simclr" ? json("global") : json(nullptr)}, {"projector_bn", nullptr}}},
+              {"eval_wall_s", 14.2},
+              {"protocol", {{"knn_k", 20}, {"knn_temperature", 0.07}, {"bank", 60000}, {"queries", 10000}, {"probe_epochs", 20},
+                            {"finetune_steps", 150}, {"label_seeds", {0, 1, 2}}, {"fractions", {0.01, 0.1, 1.0}}}},
+              {"frozen", {{"encoder", {{"knn", knn}, {"linear", linear}}},
+                          {"random_encoder", {{"knn", 0.70}, {"linear", 0.75}}},
+                          {"raw_pixels", {{"knn", 0.85}, {"linear", 0.84}}}}},
+              {"label_efficiency", std::move(label_efficiency)}};
+}
+
+json ssl_health(bool collapsed) {
+  json samples = json::array();
+  for (int step = 0; step <= 120; step += 20)
+    samples.push_back({{"step", step}, {"loss", 5.0}, {"embedding_std", collapsed && step == 120 ? 0.002 : 0.08},
+                       {"rankme", collapsed && step == 120 ? 1.3 : 60.0 - step / 10.0}, {"teacher_entropy", nullptr}, {"kl", nullptr}});
+  return json{{"every", 20}, {"dim", 128}, {"std_reference", 0.0884}, {"collapse_loss", 5.54}, {"samples", samples},
+              {"verdict", collapsed ? "collapsed" : "healthy"}, {"collapse_step", collapsed ? json(120) : json(nullptr)},
+              {"reason", collapsed ? "normalised-embedding std 0.002 is far below 1/sqrt(128) = 0.088" : ""}};
+}
+
+json ssl_cell(const std::string& name, const std::string& method, int64_t unlabeled_config, json ssl, json health) {
+  json config = RunConfig{}.to_json();
+  config["model"] = "cnn-tiny";
+  config["batch_size"] = 256;
+  config["method"] = method;
+  config["unlabeled_size"] = unlabeled_config;
+  json metrics{{"quality", {{"final_loss", 0.3}, {"accuracy", method == "supervised" ? json(0.90) : json(nullptr)},
+                            {"loss_curve", json::array()}}},
+               {"ssl", std::move(ssl)}};
+  if (!health.is_null()) metrics["ssl_health"] = std::move(health);
+  return json{{"name", name}, {"config", config}, {"status", "ok"}, {"emulated", false}, {"metrics", metrics}};
+}
+
+std::vector<json> ssl_cells() {
+  const json sup_rows = json::array(
+      {{{"fraction", 0.01}, {"labels", 600},
+        {"scratch_curve", {scratch({{10, .55}, {15, .63}, {20, .60}, {40, .70}}), scratch({{10, .56}, {20, .62}, {40, .71}}),
+                           scratch({{10, .54}, {20, .61}, {40, .69}})}}},
+       {{"fraction", 0.1}, {"labels", 6000},
+        {"scratch_curve", {scratch({{10, .70}, {20, .79}, {30, .85}}), scratch({{10, .72}, {20, .78}, {30, .86}}),
+                           scratch({{10, .71}, {20, .83}, {30, .84}})}}},
+       {{"fraction", 1.0}, {"labels", 60000},
+        {"scratch_curve", {scratch({{10, .85}, {25, .92}, {60, .95}}), scratch({{10, .86}, {25, .92}, {60, .96}}),
+                           scratch({{10, .84}, {25, .92}, {60, .95}})}}}});
+  const json a_rows = json::array(
+      {{{"fraction", 0.01}, {"labels", 600}, {"probe", {.60, .62, .61}}, {"finetune", {.66, .67, .65}}, {"finetune_s", {1.0, 1.0, 1.0}}},
+       {{"fraction", 0.1}, {"labels", 6000}, {"probe", {.80, .79, .81}}, {"finetune", {.78, .80, .79}}, {"finetune_s", {2.0, 2.0, 2.0}}},
+       {{"fraction", 1.0}, {"labels", 60000}, {"probe", {.86, .86, .86}}, {"finetune", {.88, .87, .89}}, {"finetune_s", {10.0, 10.0, 10.0}}}});
+  const json b_rows = json::array(
+      {{{"fraction", 0.01}, {"labels", 600}, {"probe", {.50, .52, .51}}, {"finetune", {.55, .56, .54}}, {"finetune_s", {1.0, 1.0, 1.0}}}});
+  return {ssl_cell("cnn-tiny/supervised", "supervised", 0, ssl_section("supervised", 60000, 6.0, 0.010, 0.88, 0.89, sup_rows), nullptr),
+          ssl_cell("cnn-tiny/simclr", "simclr", 0, ssl_section("simclr", 60000, 20.0, 0.030, 0.80, 0.86, a_rows), ssl_health(false)),
+          ssl_cell("cnn-tiny/simclr/u6000", "simclr", 6000, ssl_section("simclr", 6000, 5.0, 0.025, 0.74, 0.80, b_rows), ssl_health(true))};
+}
+
+json valid_env() {
+  return json{{"host", "h"}, {"cpu", {{"model", "cpu"}, {"logical_cores", 2}, {"flags", json::array()}}}, {"memory_bytes", 1 << 30},
+              {"os", json::object()}, {"compiler", "c++"}, {"torch", {{"version", "2"}, {"cuda_available", false}}},
+              {"blas", {{"name", "OpenBLAS (openmp)"}, {"path", nullptr}, {"reference", false}}},
+              {"cuda", {{"toolkit", nullptr}, {"status", "no device"}, {"device_count", 0}, {"devices", json::array()}}},
+              {"gpus", json::array()}};
+}
+
+json ssl_report(std::vector<json> cells = ssl_cells()) {
+  return make_report(valid_env(), json{{"name", "ssl"}, {"base", json::object()}, {"axes", {{"method", {"supervised", "simclr"}}}}},
+                     cells);
+}
+
+const json& efficiency(const json& report, const std::string& cell, double fraction) {
+  for (const auto& e : report["ssl"]["label_efficiency"])
+    if (e["cell"] == cell && std::fabs(e["fraction"].get<double>() - fraction) < 1e-12) return e;
+  throw std::runtime_error("no label-efficiency row for " + cell);
+}
+
+std::map<std::string, std::vector<json>> recs_by_id(const json& report) {
+  std::map<std::string, std::vector<json>> by;
+  for (const auto& r : report["recommendations"]) by[r["id"]].push_back(r);
+  return by;
+}
+
+constexpr double kT2 = 4.30265272974946;  // t(0.975, 2 degrees of freedom)
+
+}  // namespace
+
+TEST(Ssl, StudentTQuantileTableAndBeyond) {
+  EXPECT_NEAR(student_t975(1), 12.7062047361747, 1e-12);
+  EXPECT_NEAR(student_t975(2), kT2, 1e-12);
+  EXPECT_NEAR(student_t975(10), 2.22813885198627, 1e-12);
+  EXPECT_NEAR(student_t975(20), 2.08596344726586, 1e-4);
+  EXPECT_NEAR(student_t975(60), 2.00029782201045, 1e-5);
+  EXPECT_TRUE(std::isnan(student_t975(0)));
+}
+
+TEST(Ssl, PairsSeedsAndTakesTheBestScratchRunWithinTheCompute) {
+  const json r = ssl_report();
+  ASSERT_TRUE(r.contains("ssl"));
+  const json& one = efficiency(r, "cnn-tiny/simclr", 0.01);
+  EXPECT_EQ(one["supervised_cell"], "cnn-tiny/supervised");
+  ASSERT_EQ(one["seeds"].size(), 3u);
+  const json& s0 = one["seeds"][0];
+  EXPECT_EQ(s0["ssl_path"], "finetune");
+  EXPECT_NEAR(s0["ssl_cost_s"].get<double>(), 21.0, 1e-12);
+  EXPECT_NEAR(s0["scratch_accuracy"].get<double>(), 0.63, 1e-12);  // the best within 21 s, not the last
+  EXPECT_EQ(s0["scratch_steps"], 100);
+  EXPECT_EQ(s0["scratch_within_compute"], true);
+  EXPECT_NEAR(one["seeds"][1]["scratch_accuracy"].get<double>(), 0.62, 1e-12);
+  EXPECT_NEAR(one["seeds"][2]["scratch_accuracy"].get<double>(), 0.61, 1e-12);
+  const json& ten = efficiency(r, "cnn-tiny/simclr", 0.1);
+  EXPECT_EQ(ten["seeds"][0]["ssl_path"], "probe");
+  EXPECT_NEAR(ten["seeds"][0]["ssl_cost_s"].get<double>(), 20.0, 1e-12);
+  EXPECT_EQ(ten["seeds"][1]["ssl_path"], "finetune");
+  EXPECT_NEAR(ten["seeds"][1]["ssl_cost_s"].get<double>(), 22.0, 1e-12);
+  EXPECT_NEAR(ten["seeds"][1]["scratch_accuracy"].get<double>(), 0.78, 1e-12);
+  EXPECT_NEAR(ten["finetune_s_mean"].get<double>(), 2.0, 1e-12);
+  EXPECT_EQ(ten["scratch_outside_compute"], 0);
+  // B's 6 s buys no scratch point: each seed is held against the first one, flagged.
+  const json& b = efficiency(r, "cnn-tiny/simclr/u6000", 0.01);
+  EXPECT_EQ(b["supervised_cell"], "cnn-tiny/supervised");  // by the nearest configuration
+  EXPECT_EQ(b["scratch_outside_compute"], 3);
+  EXPECT_EQ(b["seeds"][1]["scratch_within_compute"], false);
+  EXPECT_NEAR(b["seeds"][1]["scratch_accuracy"].get<double>(), 0.56, 1e-12);
+  EXPECT_EQ(b["seeds"][1]["scratch_seconds"], 10.0);
+}
+
+TEST(Ssl, DeltaMeanIntervalAndEachVerdict) {
+  const json r = ssl_report();
+  const double half1 = kT2 * 0.01 / std::sqrt(3.0);
+  const json& one = efficiency(r, "cnn-tiny/simclr", 0.01);
+  EXPECT_EQ(one["n"], 3);
+  EXPECT_NEAR(one["delta_mean"].get<double>(), 0.04, 1e-9);
+  EXPECT_NEAR(one["delta_sd"].get<double>(), 0.01, 1e-9);
+  EXPECT_NEAR(one["delta_low"].get<double>(), 0.04 - half1, 1e-9);
+  EXPECT_NEAR(one["delta_high"].get<double>(), 0.04 + half1, 1e-9);
+  EXPECT_EQ(one["verdict"], "pays off");
+
+  const json& ten = efficiency(r, "cnn-tiny/simclr", 0.1);
+  const double m = 0.01 / 3, sd = std::sqrt((std::pow(0.01 - m, 2) + std::pow(0.02 - m, 2) + std::pow(-0.02 - m, 2)) / 2);
+  EXPECT_NEAR(ten["delta_mean"].get<double>(), m, 1e-9);
+  EXPECT_NEAR(ten["delta_low"].get<double>(), m - kT2 * sd / std::sqrt(3.0), 1e-9);
+  EXPECT_NEAR(ten["delta_high"].get<double>(), m + kT2 * sd / std::sqrt(3.0), 1e-9);
+  EXPECT_NEAR(ten["delta_low"].get<double>(), -0.0483778, 1e-6);
+  EXPECT_EQ(ten["verdict"], "inconclusive");
+
+  const json& all = efficiency(r, "cnn-tiny/simclr", 1.0);
+  EXPECT_NEAR(all["delta_mean"].get<double>(), -0.04, 1e-9);
+  EXPECT_NEAR(all["delta_high"].get<double>(), -0.04 + half1, 1e-9);
+  EXPECT_EQ(all["verdict"], "does not");
+
+  const json& b = efficiency(r, "cnn-tiny/simclr/u6000", 0.01);
+  EXPECT_NEAR(b["delta_low"].get<double>(), 0.0, 1e-12);
+  EXPECT_NEAR(b["delta_high"].get<double>(), 0.0, 1e-12);
+  EXPECT_EQ(b["verdict"], "inconclusive");
+}
+
+TEST(Ssl, LabelEquivalentInterpolatesInLogLabels) {
+  const json r = ssl_report();
+  const json& one = efficiency(r, "cnn-tiny/simclr", 0.01)["label_equivalent"];
+  EXPECT_EQ(one["bound"], "at_most");
+  EXPECT_EQ(one["text"], "<= 1%");
+  const json& ten = efficiency(r, "cnn-tiny/simclr", 0.1)["label_equivalent"];
+  const double t10 = (0.80 + 0.80 + 0.81) / 3 - 0.70;
+  EXPECT_EQ(ten["bound"], "interpolated");
+  EXPECT_NEAR(ten["labels"].get<double>(), 600 * std::pow(10.0, t10 / 0.15), 1e-6);
+  EXPECT_NEAR(ten["fraction"].get<double>(), 0.01 * std::pow(10.0, t10 / 0.15), 1e-9);
+  EXPECT_NEAR(ten["multiplier"].get<double>(), std::pow(10.0, t10 / 0.15) / 10, 1e-9);
+  EXPECT_EQ(ten["text"], "4.89%");
+  const json& all = efficiency(r, "cnn-tiny/simclr", 1.0)["label_equivalent"];
+  const double top = (0.95 + 0.96 + 0.95) / 3;
+  EXPECT_NEAR(all["labels"].get<double>(), 6000 * std::pow(10.0, (0.88 - 0.85) / (top - 0.85)), 1e-6);
+  EXPECT_NEAR(all["fraction"].get<double>(), 0.1 * std::pow(10.0, (0.88 - 0.85) / (top - 0.85)), 1e-9);
+  EXPECT_EQ(all["text"], "19.5%");
+  // Above everything the scratch arm reached: no number, a bound.
+  std::vector<json> cells = ssl_cells();
+  cells[1]["metrics"]["ssl"]["label_efficiency"][2]["finetune"] = {0.97, 0.97, 0.97};
+  const json higher = ssl_report(cells);
+  const json& above = efficiency(higher, "cnn-tiny/simclr", 1.0)["label_equivalent"];
+  EXPECT_EQ(above["bound"], "above");
+  EXPECT_TRUE(above["fraction"].is_null());
+  EXPECT_EQ(above["text"], "> 100%");
+}
+
+TEST(Ssl, RowsHoldEachEncoderAgainstItsFloorsAndSibling) {
+  const json r = ssl_report();
+  const json& rows = r["ssl"]["rows"];
+  ASSERT_EQ(rows.size(), 3u);
+  const json& a = rows[1];
+  EXPECT_EQ(a["cell"], "cnn-tiny/simclr");
+  EXPECT_EQ(a["unlabeled_size"], 60000);
+  EXPECT_EQ(a["beats_floors"], true);
+  EXPECT_EQ(a["floor"], "raw-pixel");
+  EXPECT_NEAR(a["finetune_full"].get<double>(), 0.88, 1e-12);
+  EXPECT_NEAR(a["supervised_accuracy"].get<double>(), 0.90, 1e-12);
+  EXPECT_NEAR(a["step_cost_vs_supervised"].get<double>(), 3.0, 1e-12);
+  EXPECT_EQ(a["health"], "healthy");
+  const json& b = rows[2];
+  EXPECT_EQ(b["beats_floors"], false);
+  EXPECT_TRUE(b["finetune_full"].is_null());
+  EXPECT_EQ(b["health"], "collapsed");
+  EXPECT_EQ(b["collapse_step"], 120);
+  EXPECT_EQ(rows[0]["method"], "supervised");
+  EXPECT_TRUE(rows[0]["supervised_cell"].is_null());
+  // Different batch sizes: no step-cost ratio (the sibling is still found, by the nearest configuration).
+  std::vector<json> cells = ssl_cells();
+  cells[0]["config"]["batch_size"] = 128;
+  const json other = ssl_report(cells);
+  EXPECT_EQ(other["ssl"]["rows"][1]["supervised_cell"], "cnn-tiny/supervised");
+  EXPECT_TRUE(other["ssl"]["rows"][1]["step_cost_vs_supervised"].is_null());
+  // A sibling without metrics.ssl: its step time comes from its timing.
+  cells = ssl_cells();
+  cells[0]["metrics"].erase("ssl");
+  cells[0]["metrics"]["timing"] = {{"step_time_s", {{"p50", 0.015}}}};
+  const json bare = ssl_report(cells);
+  EXPECT_EQ(bare["ssl"]["rows"][0]["cell"], "cnn-tiny/simclr");
+  EXPECT_NEAR(bare["ssl"]["rows"][0]["step_cost_vs_supervised"].get<double>(), 2.0, 1e-12);
+  EXPECT_EQ(efficiency(bare, "cnn-tiny/simclr", 0.01)["verdict"], nullptr);  // no scratch arm
+
+  const json& sizes = r["ssl"]["data_size"];
+  ASSERT_EQ(sizes.size(), 1u);
+  EXPECT_EQ(sizes[0]["method"], "simclr");
+  EXPECT_EQ(sizes[0]["fraction"], 0.01);
+  ASSERT_EQ(sizes[0]["rows"].size(), 2u);
+  EXPECT_EQ(sizes[0]["rows"][0]["cell"], "cnn-tiny/simclr/u6000");
+  EXPECT_EQ(sizes[0]["rows"][0]["unlabeled_size"], 6000);
+  EXPECT_NEAR(sizes[0]["rows"][0]["finetune"].get<double>(), 0.55, 1e-12);
+  EXPECT_EQ(sizes[0]["rows"][1]["unlabeled_size"], 60000);
+  EXPECT_NEAR(sizes[0]["rows"][1]["linear"].get<double>(), 0.86, 1e-12);
+}
+
+TEST(Ssl, RecommendationsCiteTheirNumbers) {
+  const json r = ssl_report();
+  auto by = recs_by_id(r);
+  ASSERT_EQ(by["ssl-label-efficiency"].size(), 2u);
+  const json& a = by["ssl-label-efficiency"][0];
+  EXPECT_EQ(a["severity"], "info");
+  EXPECT_EQ(a["cells"], json({"cnn-tiny/simclr", "cnn-tiny/supervised"}));
+  EXPECT_EQ(a["text"],
+            "simclr on cnn-tiny (cnn-tiny/simclr) pays off at 1% labels (+4.0 points, 95% CI +1.5..+6.5, over 3 label "
+            "seeds at 20 s pre-training + 1.0 s fine-tune against the best scratch run within that compute); "
+            "inconclusive at 10% (+0.3 points, 95% CI -4.8..+5.5, at 20 s pre-training + 2.0 s fine-tune on 1 of 3 seeds, "
+            "a linear probe on the others); does not at 100% (-4.0 points, 95% CI -6.5..-1.5, at 20 s pre-training + "
+            "10 s fine-tune)");
+  EXPECT_NEAR(a["evidence"]["fractions"][0]["delta_low"].get<double>(), 0.04 - kT2 * 0.01 / std::sqrt(3.0), 1e-9);
+  EXPECT_NE(by["ssl-label-efficiency"][1]["text"].get<std::string>().find("even the scratch run's first logged point took longer"),
+            std::string::npos);
+
+  ASSERT_EQ(by["ssl-below-floor"].size(), 1u);
+  const json& f = by["ssl-below-floor"][0];
+  EXPECT_EQ(f["severity"], "warn");
+  EXPECT_EQ(f["cells"], json({"cnn-tiny/simclr/u6000"}));
+  EXPECT_EQ(f["evidence"]["floor"], "raw-pixel");
+  EXPECT_NEAR(f["evidence"]["margin"].get<double>(), -0.04, 1e-12);
+  EXPECT_NE(f["text"].get<std::string>().find("reaches 0.800, -4.0 points against the raw-pixel floor (0.840); the "
+                                              "random-encoder floor is 0.750"),
+            std::string::npos) << f["text"];
+
+  ASSERT_EQ(by["ssl-collapse"].size(), 1u);
+  EXPECT_EQ(by["ssl-collapse"][0]["severity"], "critical");
+  EXPECT_NE(by["ssl-collapse"][0]["text"].get<std::string>().find(
+                "cnn-tiny/simclr/u6000: simclr collapsed at step 120: normalised-embedding std 0.002 is far below"),
+            std::string::npos) << by["ssl-collapse"][0]["text"];
+  EXPECT_EQ(by["ssl-collapse"][0]["evidence"]["sample"]["rankme"], 1.3);
+
+  ASSERT_EQ(by["ssl-data-size"].size(), 1u);
+  EXPECT_EQ(by["ssl-data-size"][0]["text"],
+            "pre-training simclr on cnn-tiny on 6000 images reaches 0.800 linear vs 0.860 on 60000; fine-tuned on 1% "
+            "of the labels, 0.550 vs 0.660");
+  EXPECT_EQ(r["recommendations"].size(), 5u) << r["recommendations"].dump(1);
+}
+
+TEST(Ssl, MarkdownHtmlAndSummaryShowTheSection) {
+  const json r = ssl_report();
+  const std::string md = render_markdown(r);
+  EXPECT_NE(md.find("\n## Self-supervised pre-training\n"), std::string::npos) << md;
+  EXPECT_NE(md.find("### Frozen encoders against their floors and the supervised sibling"), std::string::npos);
+  EXPECT_NE(md.find("| cnn-tiny/simclr | simclr | cnn-tiny | 60000 | 0.800 | 0.860 | 0.880 | 0.700 / 0.750 | 0.850 / 0.840 | "
+                    "0.900 | yes | 20 s | 8.5k | 3.00x | healthy |"),
+            std::string::npos) << md;
+  EXPECT_NE(md.find("| cnn-tiny/simclr | 1% | 600 | 0.660 (fine-tune) | 0.620 | +4.0 [+1.5, +6.5] over 3 | pays off | 21 s | <= 1% |"),
+            std::string::npos) << md;
+  EXPECT_NE(md.find("| 10% | 6000 | 0.803 (probe/fine-tune) | 0.800 | +0.3 [-4.8, +5.5] over 3 | inconclusive | 21 s | 4.89% |"),
+            std::string::npos) << md;
+  EXPECT_NE(md.find("does not | 30 s | 19.5% |"), std::string::npos) << md;
+  EXPECT_NE(md.find("0.550 (3 beyond the compute)"), std::string::npos) << md;
+  EXPECT_NE(md.find("### Unlabeled data size"), std::string::npos);
+  EXPECT_NE(md.find("| simclr on cnn-tiny | cnn-tiny/simclr/u6000 | 6000 | 0.800 | 0.740 | 0.550 at 1% | 5.0 s |"),
+            std::string::npos) << md;
+  EXPECT_NE(md.find("no (raw-pixel)"), std::string::npos);
+  EXPECT_NE(md.find("collapsed at step 120"), std::string::npos);
+
+  const std::string html = render_html(r);
+  EXPECT_NE(html.find("<h2>Self-supervised pre-training</h2>"), std::string::npos);
+  EXPECT_NE(html.find("<td>+4.0 [+1.5, +6.5] over 3</td>"), std::string::npos);
+  std::ifstream chartjs(kChartJsPath);
+  if (chartjs.good()) {
+    EXPECT_NE(html.find("id=\"ssl-rankme\""), std::string::npos);
+  }
+
+  const std::string summary = render_summary(r);
+  EXPECT_NE(summary.find("vs scratch: 1% pays off (+4.0 [+1.5, +6.5] points); 10% inconclusive"), std::string::npos) << summary;
+}
+
+TEST(Ssl, AReportWithoutSslCellsHasNoSslSection) {
+  const json r = make_report(env_with_blas(false), json::object(),
+                             {cell("mlp", "32-true", 0.010, 0.50, 0.85), cell("mlp", "bf16-mixed", 0.004, 0.501, 0.848)});
+  EXPECT_FALSE(r.contains("ssl"));
+  for (const auto& rec : r["recommendations"]) EXPECT_NE(rec["id"].get<std::string>().rfind("ssl-", 0), 0u) << rec["id"];
+  EXPECT_EQ(render_markdown(r).find("Self-supervised"), std::string::npos);
+  EXPECT_TRUE(ssl_summary(r).is_null());
+}
+
+TEST(Ssl, TheReportValidatesAgainstTheSchema) {
+  const json r = ssl_report();
+  const std::string path = tmp("ssl-report.json");
+  write_json_atomic(path, r);
+  const std::string source = test::kSourceDir;
+  const std::string cmd = "/usr/bin/python3 " + source + "/tests/validate_report.py " + source +
+                          "/reports/schema/report.schema.json " + path + " > " + path + ".out 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream out(path + ".out");
+  const std::string said((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(rc, 0) << said;
+  // A contract violation is caught: a verdict outside the vocabulary.
+  json bad = r;
+  bad["cells"][2]["metrics"]["ssl_health"]["verdict"] = "fine";
+  write_json_atomic(path, bad);
+  EXPECT_NE(std::system(cmd.c_str()), 0);
+}
+
+// A cell that starts from the encoder another cell saved pays for that pre-training too: C's 4 s plus
+// A's 20 s, so its probe (no fine-tune) costs 24 s and meets scratch's best within 24 s (.63 .62 .61).
+TEST(Ssl, ACellStartedFromAnotherCellsEncoderCountsItsPreTraining) {
+  std::vector<json> cells = ssl_cells();
+  cells[1]["config"]["save_encoder"] = "encoders/simclr.pt";
+  json c = ssl_cell("cnn-tiny/simclr/continued", "simclr", 0,
+                    ssl_section("simclr", 60000, 4.0, 0.030, 0.81, 0.87,
+                                json::array({{{"fraction", 0.01}, {"labels", 600}, {"probe", {.70, .71, .72}}}})),
+                    ssl_health(false));
+  c["config"]["pretrained"] = "encoders/simclr.pt";
+  cells.push_back(c);
+  const json r = ssl_report(cells);
+  const json& e = efficiency(r, "cnn-tiny/simclr/continued", 0.01);
+  EXPECT_EQ(e["pretrained_from"], "cnn-tiny/simclr");
+  EXPECT_NEAR(e["upstream_pretrain_wall_s"].get<double>(), 20.0, 1e-12);
+  EXPECT_EQ(e["seeds"][0]["ssl_path"], "probe");
+  EXPECT_NEAR(e["seeds"][0]["ssl_cost_s"].get<double>(), 24.0, 1e-12);
+  EXPECT_NEAR(e["delta_mean"].get<double>(), 0.09, 1e-9);
+  EXPECT_EQ(e["supervised_cell"], "cnn-tiny/supervised");
+  std::string text;
+  for (const auto& rec : r["recommendations"])
+    if (rec["id"] == "ssl-label-efficiency" && rec["cells"][0] == "cnn-tiny/simclr/continued") text = rec["text"];
+  EXPECT_NE(text.find("at 24 s pre-training (20 s of it in cnn-tiny/simclr, whose encoder it starts from) + a linear probe"),
+            std::string::npos) << text;
+  // An encoder no cell of the report saved: its pre-training cannot be counted, and the text says so.
+  cells.back()["config"]["pretrained"] = "elsewhere.pt";
+  const json r2 = ssl_report(cells);
+  EXPECT_NEAR(efficiency(r2, "cnn-tiny/simclr/continued", 0.01)["seeds"][0]["ssl_cost_s"].get<double>(), 4.0, 1e-12);
+  std::string text2;
+  for (const auto& rec : r2["recommendations"])
+    if (rec["id"] == "ssl-label-efficiency" && rec["cells"][0] == "cnn-tiny/simclr/continued") text2 = rec["text"];
+  EXPECT_NE(text2.find("not counting the pre-training of elsewhere.pt"), std::string::npos) << text2;
 }

@@ -14,12 +14,14 @@
 #include "probes/distributed/comm.hpp"
 #include "probes/distributed/rng.hpp"
 #include "probes/numerics/overflow.hpp"
+#include "probes/ssl/health.hpp"
 #include "probes/step/memory.hpp"
 #include "probes/step/timing.hpp"
 #include "probes/trace/trace.hpp"
 #include "reports/report.hpp"
 #include "suites/comm.hpp"
 #include "suites/hardware/measure.hpp"
+#include "suites/ssl/evaluate.hpp"
 #include "suites/train.hpp"
 
 #ifdef TRAINSCOPE_TORCH_CUDA
@@ -201,6 +203,35 @@ void write_result(const std::string& result_path, suites::Communicator* comm, co
 }
 }  // namespace
 
+// metrics.ssl: how the encoder was (pre-)trained, then, on rank 0 of a finished run, how it scores
+// (suites/ssl/evaluate.hpp), timed apart from training. save_encoder writes it first.
+static json ssl_section(suites::Trainer& trainer, const RunConfig& config, const json& metrics, const suites::TrainOutcome& outcome,
+                 double train_wall_s, const std::string& device, const std::string& floors_cache) {
+  json pretrain = {{"steps", outcome.steps_run},
+                   {"wall_s", train_wall_s},
+                   {"step_time_s", reports::value_at(metrics, {"timing", "step_time_s", "p50"})},
+                   {"images_per_s", reports::value_at(metrics, {"timing", "samples_per_s"})}};
+  if (auto* objective = trainer.objective())
+    pretrain.update(objective->describe());
+  else
+    pretrain["views"] = 1;
+  json ssl = {{"method", config.method},
+              {"encoder", config.model},
+              {"feature_dim", trainer.encoder().feature_dim()},
+              {"unlabeled_size", trainer.data().train_size()},
+              {"pretrained", config.pretrained.empty() ? json(nullptr) : json(std::filesystem::path(config.pretrained).filename().string())},
+              {"pretrain", pretrain}};
+  if (trainer.rank() != 0 || outcome.status != "ok") return ssl;
+  if (!config.save_encoder.empty()) {
+    suites::save_parameters(trainer.encoder(), config.save_encoder);
+    ssl["saved_encoder"] = std::filesystem::path(config.save_encoder).filename().string();
+  }
+  suites::ssl::EvalSetup setup{config, trainer.preset(), trainer.data().shape(), device, floors_cache, train_wall_s};
+  const json eval = suites::ssl::evaluate(trainer.encoder(), trainer.data(), setup);
+  if (eval.is_object()) ssl.update(eval);
+  return ssl;
+}
+
 int cell_main(const std::string& spec_path, const std::string& result_path, const CellRank& rk) {
   // First, before any tensor exists, so that every byte of tensor storage is counted.
   probes::AccountingAllocator::install();
@@ -264,7 +295,21 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
       write_result(result_path, comm.get(), rk, cell);
       return 0;
     }
-    suites::Trainer trainer(config, device, comm.get());
+    // save_encoder / pretrained name files of the run: relative paths are inside its output folder.
+    const std::filesystem::path run_dir = std::filesystem::path(result_path).parent_path().parent_path();
+    RunConfig run_config = config;
+    // {model} and {method} in the name stand for the cell's, so one base key names each cell's file.
+    const auto in_run_dir = [&](std::string& p) {
+      for (const auto& [field, value] : {std::pair<std::string, std::string>{"{model}", config.model}, {"{method}", config.method}})
+        for (size_t at = p.find(field); at != std::string::npos; at = p.find(field)) p.replace(at, field.size(), value);
+      if (!p.empty() && std::filesystem::path(p).is_relative()) p = (run_dir / p).string();
+    };
+    in_run_dir(run_config.save_encoder);
+    in_run_dir(run_config.pretrained);
+    if (!run_config.pretrained.empty() && !std::filesystem::exists(run_config.pretrained))
+      throw UsageError("pretrained: no encoder at '" + run_config.pretrained +
+                       "' (the cell that saves it, with save_encoder, must run first in the same output folder)");
+    suites::Trainer trainer(run_config, device, comm.get());
 
     auto timing = std::make_shared<probes::TimingProbe>();
     auto memory = std::make_shared<probes::MemoryProbe>(device == "cpu" ? memory_budget_bytes(config) : 0);
@@ -276,9 +321,15 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
     if (device.rfind("cuda", 0) == 0)
       if (auto nvtx = probes::make_nvtx_probe()) hooks.add(nvtx);
     if (config.timeline) hooks.add(probes::make_timeline_probe());
+    if (trainer.objective()) {
+      const int64_t total = config.warmup_steps + config.steps;
+      hooks.add(std::make_shared<probes::SslHealthProbe>(config.log_every > 0 ? config.log_every : std::max<int64_t>(1, total / 50)));
+    }
 
     const RunInfo info = trainer.info();
+    const auto train_started = std::chrono::steady_clock::now();
     const suites::TrainOutcome outcome = suites::train(trainer, config, hooks, info);
+    const double train_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_started).count();
 
     json cell = cell_without_metrics(name, config.to_json(), device, outcome.status, outcome.reason);
     cell["emulated"] = trainer.mode().emulated;
@@ -320,6 +371,9 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
       c["overlap"] = metrics["timeline"]["overlap"];
       c["overlap_source"] = "device timeline (CUPTI)";
     }
+    if (trainer.objective() || ssl_eval_mode(config) != "off")
+      metrics["ssl"] = ssl_section(trainer, run_config, metrics, outcome, train_wall_s, device,
+                                   (run_dir / "ssl-raw-pixel-floor.json").string());
     cell["metrics"] = metrics;
     if (config.save_parameters) {
       std::vector<torch::Tensor> params;

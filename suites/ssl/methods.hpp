@@ -1,0 +1,96 @@
+#pragma once
+// Self-supervised objectives (the `method` axis): SimCLR, BYOL, DINO, MAE.
+//
+// Each is a ReferenceModel wrapping the cell's encoder (its classifier removed) and the method's
+// heads, so the training loop stays one loop: Trainer::step calls loss(batch), which builds the views
+// from the rank's augmentation generator and returns the objective, and after_step(), which moves an
+// EMA teacher. The parallel strategies see the encoder and the heads as one module; a teacher is not
+// a submodule (it is never trained, reduced or sharded). Conventions follow the reference code
+// (google-research/simclr, deepmind byol, facebookresearch dino and mae; see README, "Self-supervised
+// pre-training"), and every deviation is named where it is made.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "suites/comm.hpp"
+#include "suites/models.hpp"
+
+namespace trainscope::suites::ssl {
+
+// ---- losses (unit-tested against hand-computed values) -------------------------------------------
+// NT-Xent over 2N anchors (z1, z2: this rank's two views, [N, d]), averaged over the anchors and so
+// over both directions (lightly's convention; TF SimCLR sums the two, twice this). The candidates are
+// all1/all2 ([M, d], every rank's views, this rank's at rows offset..offset+N; defaults: z1/z2), so
+// negatives come from the global batch. At collapse (all embeddings equal) the loss is ln(2M - 1).
+torch::Tensor nt_xent(const torch::Tensor& z1, const torch::Tensor& z2, double temperature,
+                      const torch::Tensor& all1 = {}, const torch::Tensor& all2 = {}, int64_t offset = 0);
+// BYOL's regression loss 2 - 2 cos(p, z), averaged over the batch (z is the target: detached).
+torch::Tensor byol_loss(const torch::Tensor& p, const torch::Tensor& z);
+// DINO: cross-entropy of the centred, sharpened teacher distribution against the student's, over every
+// pair of different views, averaged over the pairs and the batch.
+torch::Tensor dino_loss(const std::vector<torch::Tensor>& student, const std::vector<torch::Tensor>& teacher,
+                        const torch::Tensor& center, double student_temp, double teacher_temp);
+// MAE: mean squared error per patch, averaged over the masked patches only (mask 1 = hidden);
+// norm_pix standardises each target patch by its own mean and (unbiased) variance first.
+torch::Tensor mae_loss(const torch::Tensor& pred, const torch::Tensor& target, const torch::Tensor& mask, bool norm_pix);
+// BYOL's target schedule: tau_k = 1 - (1 - base)(cos(pi k / K) + 1) / 2, from base at k = 0 to 1 at K.
+double ema_momentum(double base, int64_t step, int64_t total);
+
+// All-gather along dim 0 in rank order, whose backward sums the gradient over the ranks and returns
+// this rank's slice (so that a loss over the gathered batch trains every rank's encoder exactly).
+torch::Tensor gather_with_grad(const torch::Tensor& local, Communicator* comm);
+
+// What a method needs from the trainer.
+struct Context {
+  at::Generator* augment = nullptr;  // the rank's augmentation generator
+  Communicator* comm = nullptr;      // null for one process
+  int rank = 0, world = 1;
+  int64_t total_steps = 1;           // warm-up + measured: the EMA schedule's length
+};
+
+class SslObjective : public ReferenceModel {
+ public:
+  bool classifies() const override { return false; }
+  torch::Tensor forward(const torch::Tensor& x) override { return encoder_->features(x); }
+  torch::Tensor features(const torch::Tensor& x) override { return encoder_->features(x); }
+  int64_t feature_dim() const override { return encoder_->feature_dim(); }
+  int64_t analytic_parameters() const override { return parameters_; }
+  double training_flops_per_sample() const override { return flops_; }
+  std::vector<double> block_forward_flops() const override { return encoder_->block_forward_flops(); }
+  std::vector<torch::nn::Module*> blocks() override { return encoder_->blocks(); }
+  void set_boundary(Boundary b) override { encoder_->set_boundary(std::move(b)); }
+  void set_block_wrapper(BlockWrapper w) override { encoder_->set_block_wrapper(std::move(w)); }
+  void set_checkpoint(const CheckpointPolicy& p) override {
+    ReferenceModel::set_checkpoint(p);
+    encoder_->set_checkpoint(p);
+  }
+  std::optional<EmbeddingSample> last_embeddings() const override { return sample_; }
+
+  ReferenceModel& encoder() { return *encoder_; }
+  // The encoder that evaluation reads: DINO's teacher (as the DINO paper evaluates), else the trained one.
+  virtual ReferenceModel& eval_encoder() { return *encoder_; }
+  // How the method trained: views, the effective batch of its loss, where negatives came from, BN.
+  virtual json describe() const = 0;
+
+ protected:
+  SslObjective(std::shared_ptr<ReferenceModel> encoder, const RunConfig& c, Context ctx);
+  void finish_setup(double flops_per_sample);  // after the heads are registered
+  std::shared_ptr<ReferenceModel> encoder_;
+  RunConfig config_;
+  Context ctx_;
+  int64_t parameters_ = 0;
+  double flops_ = 0;
+  std::optional<EmbeddingSample> sample_;
+  int64_t step_ = 0;  // forward passes run (the step, for the health sample)
+};
+
+// The method's model around `encoder` (which loses its classifier). UsageError for a combination that
+// cannot run (MAE without a ViT encoder).
+std::shared_ptr<SslObjective> make_objective(const RunConfig& c, std::shared_ptr<ReferenceModel> encoder,
+                                             const ModelPreset& preset, const DataShape& shape, Context ctx);
+
+// Why a configuration's method cannot run ("" when it can).
+std::string unsupported_method(const RunConfig& c, const ModelPreset& preset);
+
+}  // namespace trainscope::suites::ssl

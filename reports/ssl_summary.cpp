@@ -220,7 +220,9 @@ const json* upstream_of(const json& report, const json& cell) {
   // The same file named by another path (both are relative to the run's output folder by default).
   auto file = [](const std::string& p) { return p.substr(p.find_last_of('/') == std::string::npos ? 0 : p.find_last_of('/') + 1); };
   for (const auto& c : list(report, "cells")) {
-    const std::string saved = text(member(c, "config"), "save_encoder", "");
+    // The file the cell wrote ({model}/{method} expanded), else the name its configuration gave.
+    const json saved_as = value_at(c, {"metrics", "ssl", "saved_encoder"});
+    const std::string saved = saved_as.is_string() ? saved_as.get<std::string>() : text(member(c, "config"), "save_encoder", "");
     if (&c != &cell && !saved.empty() && file(saved) == file(from)) return &c;
   }
   return nullptr;

@@ -109,6 +109,8 @@ class Probe {
   virtual void fingerprint(const Fingerprint&) {}
   virtual bool wants_embeddings(int64_t step) const { return false; }
   virtual void embeddings(const EmbeddingSample&) {}
+  // Multi-rank, on fingerprint steps: the largest |difference| of one parameter value across ranks.
+  virtual void parameter_spread(int64_t /*step*/, double /*max_abs_diff*/) {}
   virtual json section() const = 0;
   virtual BlockObserver* block_observer() { return nullptr; }
 };
@@ -144,6 +146,7 @@ class Hooks {
     return false;
   }
   void embeddings(const EmbeddingSample& e) { for (auto& p : probes_) p->embeddings(e); }
+  void parameter_spread(int64_t step, double d) { for (auto& p : probes_) p->parameter_spread(step, d); }
 
  private:
   std::vector<std::shared_ptr<Probe>> probes_;

@@ -258,7 +258,7 @@ json recommend(const json& report) {
   std::string reasons;
   for (const auto& c : report["cells"]) {
     const std::string s = c["status"];
-    if (s == "failed" || s == "timeout" || s == "oom") {
+    if ((s == "failed" || s == "timeout" || s == "oom") && !made_to_fail(report, c["name"])) {
       broken.push_back(c["name"]);
       reasons += (reasons.empty() ? "" : "; ") + c["name"].get<std::string>() + ": " + s +
                  (c.contains("reason") ? " (" + c["reason"].get<std::string>() + ")" : "");
@@ -443,7 +443,12 @@ json recommend(const json& report) {
   // The frontier: the largest batch each policy fits under the budget.
   if (report.contains("frontier") && report["frontier"].is_array()) {
     std::map<std::string, std::vector<const json*>> by_model;
-    for (const auto& f : report["frontier"]) by_model[f["model"].get<std::string>() + "/" + f["precision"].get<std::string>()].push_back(&f);
+    for (const auto& f : report["frontier"]) {
+      const int world = f.value("world_size", 1);
+      by_model[f["model"].get<std::string>() + "/" + f["precision"].get<std::string>() +
+               (world > 1 ? "/" + f.value("parallel", "?") + " at " + std::to_string(world) + " ranks" : std::string())]
+          .push_back(&f);
+    }
     for (const auto& [model, entries] : by_model) {
       const json* none = nullptr;
       const json* best = nullptr;
@@ -496,14 +501,12 @@ json recommend(const json& report) {
     }
     if (p["exposed_comm_fraction"].is_number() && p["exposed_comm_fraction"].get<double>() > kExposedWarn) {
       const double f = p["exposed_comm_fraction"];
-      const std::string remedy = strategy == "ddp" || strategy == "zero1"
-                                     ? "larger buckets (bucket_mb) cut per-bucket latency; more overlap needs the last buckets to be small" +
-                                           std::string(strategy == "zero1" ? " (the all-gather after the step cannot overlap)" : "")
-                                 : strategy == "zero3"
+      const std::string remedy = strategy == "zero3"
                                      ? (cfg.value("prefetch", true)
                                             ? "prefetch is on: fewer, larger units (whole stages) or a faster link"
                                             : "turn prefetch on, so the next block's all-gather runs during this one")
-                                     : "zero2 reduce-scatters after backward: it does not overlap yet (zero1 and ddp do)";
+                                     : "larger buckets (bucket_mb) cut per-bucket latency; more overlap needs the last buckets to be small" +
+                                           std::string(strategy == "ddp" ? "" : " (the all-gather after the step cannot overlap)");
       out.push_back(rec("parallel.exposed-comm", "warn",
                         model + "/" + strategy + ": exposed communication is " + format_fixed(100 * f, 0) +
                             "% of the step" + at + " (overlap " +
@@ -596,6 +599,16 @@ json recommend(const json& report) {
   }
   hardware_rules(report, out);
   ssl_rules(report, out);
+  // Each pitfall of the suite: its verdict, at warn when the run did not reproduce it.
+  for (const auto& p : report.value("pitfalls", json::array())) {
+    json cells = json::array();
+    for (const char* part : {"wrong", "fix"})
+      for (const auto& e : p[part]) cells.push_back(e["cell"]);
+    const bool reproduced = p["reproduced"].is_boolean() && p["reproduced"].get<bool>();
+    out.push_back(rec("pitfall." + p["kind"].get<std::string>(), reproduced ? "info" : "warn",
+                      p.value("title", p["id"].get<std::string>()) + (reproduced ? ": " : " (not reproduced): ") + p.value("verdict", ""),
+                      {{"id", p["id"]}, {"reproduced", p["reproduced"]}}, cells));
+  }
   return out;
 }
 

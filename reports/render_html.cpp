@@ -193,7 +193,7 @@ json chart_specs(const json& report) {
     json datasets = json::array();
     for (const auto& f : report["frontier"]) {
       if (!f.value("samples_per_s", json()).is_number()) continue;
-      datasets.push_back({{"label", f.value("model", "?") + "/" + f.value("precision", "?") + "/ckpt-" + f.value("checkpoint", "?")},
+      datasets.push_back({{"label", frontier_label(f)},
                           {"data", {{{"x", f["largest_batch"]}, {"y", f["samples_per_s"]}}}},
                           {"pointRadius", 6}});
     }

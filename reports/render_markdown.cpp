@@ -151,6 +151,35 @@ void hardware_tables(const json& report, json& tables) {
                     {"rows", rows}});
 }
 
+// The pitfalls suite: one table per pitfall, in the order the suite lists them.
+void pitfall_tables(const json& report, json& tables) {
+  const json list = report.contains("pitfalls") ? report["pitfalls"] : pitfalls_summary(report);
+  if (!list.is_array()) return;
+  int index = 0;
+  for (const auto& p : list) {
+    json rows = json::array();
+    auto part = [&](const char* label, const json& items) {
+      bool first = true;
+      for (const auto& i : items) {
+        const std::string text = i.is_object() ? "`" + i.value("cell", "?") + "` " + i.value("summary", "") : i.get<std::string>();
+        rows.push_back({first ? label : "", text});
+        first = false;
+      }
+    };
+    part("done wrong", p["wrong"]);
+    part("what the probes saw", p["saw"]);
+    part("the fix", p["fix"]);
+    part("its measured cost", p["cost"]);
+    rows.push_back({"verdict", p.value("verdict", "")});
+    const std::string state = p["reproduced"].is_boolean() ? (p["reproduced"].get<bool>() ? "reproduced" : "not reproduced")
+                                                           : "not run";
+    tables.push_back({{"section", "Pitfalls: classic mistakes reproduced and diagnosed"},
+                      {"title", std::to_string(++index) + ". " + p.value("title", p.value("id", "?")) + " (" + state + ")"},
+                      {"columns", {"", "what was measured"}},
+                      {"rows", rows}});
+  }
+}
+
 // The self-supervised suite: encoders against their floors, label efficiency at equal compute, and
 // the data-size axis.
 constexpr const char* kSslSection = "Self-supervised pre-training";
@@ -281,8 +310,7 @@ json technique_tables(const json& report) {
   if (report.contains("frontier") && report["frontier"].is_array() && !report["frontier"].empty()) {
     json rows = json::array();
     for (const auto& f : report["frontier"])
-      rows.push_back({f.value("model", "?") + "/" + f.value("precision", "?") + "/ckpt-" + f.value("checkpoint", "?"),
-                      f.value("budget", "?"), std::to_string(f.value("largest_batch", 0)),
+      rows.push_back({frontier_label(f), f.value("budget", "?"), std::to_string(f.value("largest_batch", 0)),
                       text_or_dash(f.value("samples_per_s", json()), [](double x) { return format_rate(x) + " samp/s"; }),
                       text_or_dash(f.value("peak_bytes", json()), [](double x) { return format_bytes(x); })});
     tables.push_back({{"title", "Frontier: the largest batch under the memory budget"},
@@ -292,6 +320,7 @@ json technique_tables(const json& report) {
   parity_tables(report, tables);
   hardware_tables(report, tables);
   ssl_tables(report, tables);
+  pitfall_tables(report, tables);
   return tables;
 }
 

@@ -173,6 +173,8 @@ json make_report(const json& env, const json& suite, const std::vector<json>& ce
   // Before the recommendations, which read it.
   const json ssl = ssl_summary(r);
   if (!ssl.is_null()) r["ssl"] = ssl;
+  const json pitfalls = pitfalls_summary(r);
+  if (!pitfalls.is_null()) r["pitfalls"] = pitfalls;
   r["recommendations"] = recommend(r);
   return r;
 }

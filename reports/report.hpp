@@ -32,6 +32,14 @@ inline const json* fp32_sibling(const json& report, const json& cell) {
   return sibling(report, cell, "precision", "32-true");
 }
 
+// A frontier entry's (or a configuration's) name: model/precision[/parallel/wsN]/ckpt-policy.
+inline std::string frontier_label(const json& f) {
+  const int world = f.value("world_size", 1);
+  return f.value("model", "?") + "/" + f.value("precision", "?") +
+         (world > 1 ? "/" + f.value("parallel", "?") + "/ws" + std::to_string(world) : std::string()) + "/ckpt-" +
+         f.value("checkpoint", "?");
+}
+
 // What a checkpointing policy bought against `none` at the same configuration: peak and activation
 // memory saved (%), recompute overhead (% of step time), MFU and HFU. Null without a comparable pair.
 json compare_checkpointing(const json& cell, const json& none);
@@ -53,6 +61,12 @@ inline constexpr double kMatchCurve = 0.10;      // relative, at any logged step
 // label fraction, pre-training against the best scratch run within the same compute (paired by label
 // seed, mean delta with a Student t interval), "data_size": SSL cells that differ only in unlabeled_size}.
 json ssl_summary(const json& report);
+// The pitfalls section (null when the suite has no [[pitfalls]]): per pitfall {"id", "kind", "title",
+// "wrong", "fix": [{"cell", "status", "summary"}], "saw", "cost": [text], "reproduced", "verdict"}.
+json pitfalls_summary(const json& report);
+// Whether the suite's [[pitfalls]] name this cell as `wrong`: made to fail on purpose, so its oom or
+// divergence is the pitfall's finding (reported there) and fails neither the run nor its exit code.
+bool made_to_fail(const json& report, const std::string& cell);
 // simclr | byol | dino | mae.
 bool is_ssl_method(const std::string& method);
 // The two-sided 95% Student t quantile for `df` degrees of freedom (NaN below 1).

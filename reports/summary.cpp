@@ -79,8 +79,7 @@ std::string render_summary(const json& report) {
   if (report.contains("frontier") && report["frontier"].is_array() && !report["frontier"].empty()) {
     out << "\nfrontier (largest batch under the budget):\n";
     for (const auto& f : report["frontier"]) {
-      out << "  " << pad(f["model"].get<std::string>() + "/" + f["precision"].get<std::string>() + "/ckpt-" +
-                             f["checkpoint"].get<std::string>(), 36)
+      out << "  " << pad(frontier_label(f), 36)
           << "  batch " << pad(std::to_string(f["largest_batch"].get<int64_t>()), 6, true);
       if (f["samples_per_s"].is_number()) out << "  " << format_rate(f["samples_per_s"].get<double>()) << " samp/s";
       if (f["peak_bytes"].is_number()) out << "  peak " << format_bytes(f["peak_bytes"].get<double>());

@@ -1,11 +1,14 @@
 #include "suites/parallel.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <mutex>
 #include <set>
 
 #include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include "core/compat.hpp"
@@ -133,6 +136,24 @@ struct TimedAllReduce : c10d::CommHookInterface {
   }
 };
 
+// Reports a backward's bucket collectives once backward() has returned (having waited for every
+// bucket). What came after the last launch (the last gradient ready) was the step waiting on
+// communication: the exposed part, charged to the last bucket.
+void report_buckets(Communicator& comm, const std::string& op, const std::vector<BucketRecord>& recs,
+                    double backward_end) {
+  double last_launch = 0, last_end = 0;
+  for (const auto& r : recs) {
+    last_launch = std::max(last_launch, r.start);
+    last_end = std::max(last_end, r.end);
+  }
+  const double exposed = std::max(0.0, std::min(backward_end, last_end) - last_launch);
+  for (size_t i = 0; i < recs.size(); ++i) {
+    CollectiveInfo c{op, recs[i].bytes, comm.world_size(), std::max(0.0, recs[i].end - recs[i].start),
+                     i + 1 == recs.size() ? exposed : 0.0, comm.step(), recs[i].end};
+    comm.report(c);
+  }
+}
+
 // c10d's Reducer over a list of parameters: gradients are averaged and all-reduced bucket by bucket as
 // backward produces them (PyTorch's DDP: a small first bucket, 1 MiB or bucket_mb if smaller, so that
 // communication starts early, then bucket_mb; buckets in reverse parameter order, the order gradients
@@ -162,26 +183,14 @@ class BucketedAllReduce {
     reducer_->prepare_for_forward();
   }
   void before_backward() { reducer_->prepare_for_backward({}); }
-  // backward() returned: the reducer has waited for every bucket. What came after the last launch
-  // (the last gradient ready) was the step waiting on communication.
+  // backward() returned: the reducer has waited for every bucket.
   void report() {
-    const double backward_end = now_s();
     std::vector<BucketRecord> recs;
     {
       std::lock_guard<std::mutex> lock(*mu_);
       recs.swap(*records_);
     }
-    double last_launch = 0, last_end = 0;
-    for (const auto& r : recs) {
-      last_launch = std::max(last_launch, r.start);
-      last_end = std::max(last_end, r.end);
-    }
-    const double exposed = std::max(0.0, std::min(backward_end, last_end) - last_launch);
-    for (size_t i = 0; i < recs.size(); ++i) {
-      CollectiveInfo c{"all-reduce", recs[i].bytes, comm_.world_size(), std::max(0.0, recs[i].end - recs[i].start),
-                       i + 1 == recs.size() ? exposed : 0.0, comm_.step(), recs[i].end};
-      comm_.report(c);
-    }
+    report_buckets(comm_, "all-reduce", recs, now_s());
   }
 
  private:
@@ -189,6 +198,151 @@ class BucketedAllReduce {
   std::unique_ptr<c10d::Reducer> reducer_;
   std::shared_ptr<std::mutex> mu_;
   std::shared_ptr<std::vector<BucketRecord>> records_;
+};
+
+// ZeRO-2's gradient reduction during backward (DeepSpeed's overlap_comm; FSDP2 without resharding
+// after forward). Parameters are bucketed in the order their gradients arrive (reverse parameter
+// order, a small first bucket as DDP's so that communication starts early). Once every gradient of a
+// bucket has been accumulated into the flat gradient buffer, the bucket is reduced to the ranks whose
+// slices of the flat buffer it covers, one `reduce` per owner as DeepSpeed does: a bucket's range does
+// not split evenly among the ranks, so it cannot be one reduce-scatter, but together the reduces move
+// a reduce-scatter's bytes and each rank receives its slice. Buckets launch in the same order on every
+// rank (the collectives must match); an engine callback at the end of backward (as DDP's reducer)
+// launches any bucket a gradient never reached and waits for what is still in flight.
+class BucketedReduceScatter {
+ public:
+  BucketedReduceScatter(Communicator& comm, FlatParams& flat, int64_t bucket_bytes)
+      : comm_(comm), flat_(flat), state_(std::make_shared<State>()) {
+    const int64_t elem = flat.flat.element_size();
+    const int64_t cap = std::max<int64_t>(bucket_bytes, 1), first = std::min<int64_t>(1024 * 1024, cap);
+    std::vector<int64_t> offset(flat.params.size());
+    for (size_t i = 0, off = 0; i < flat.params.size(); off += flat.params[i].numel(), ++i)
+      offset[i] = static_cast<int64_t>(off);
+    state_->bucket_of.assign(flat.params.size(), 0);
+    for (size_t k = flat.params.size(); k-- > 0;) {
+      const int64_t lo = offset[k], hi = lo + flat.params[k].numel();
+      Bucket* b = state_->buckets.empty() ? nullptr : &state_->buckets.back();
+      const int64_t limit = state_->buckets.size() <= 1 ? first : cap;
+      if (!b || (b->end - b->begin) * elem >= limit) {
+        state_->buckets.push_back({lo, hi, 0});
+        b = &state_->buckets.back();
+      }
+      b->begin = lo;  // parameters come in reverse order: the bucket grows downwards
+      ++b->params;
+      state_->bucket_of[k] = static_cast<int>(state_->buckets.size() - 1);
+    }
+    state_->ends = std::make_unique<std::atomic<double>[]>(state_->buckets.size());
+    for (size_t k = 0; k < flat.params.size(); ++k)
+      torch::autograd::impl::set_post_acc_grad_hooks(flat.params[k], std::make_unique<Ready>(state_, this, k));
+  }
+  ~BucketedReduceScatter() {
+    for (const auto& p : flat_.params) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+  }
+  // Arms the hooks for the coming backward.
+  void before_backward() {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->remaining.clear();
+    for (size_t i = 0; i < state_->buckets.size(); ++i) {
+      state_->remaining.push_back(state_->buckets[i].params);
+      state_->ends[i] = 0.0;
+    }
+    state_->next = 0;
+    state_->armed = true;
+    state_->callback_queued = false;
+  }
+  // After backward: this rank's slice of flat.grad holds the sum over ranks.
+  void report() {
+    finish();  // a backward that reached no parameter queued no callback
+    std::vector<BucketRecord> recs;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      recs.swap(state_->records);
+    }
+    for (size_t i = 0; i < recs.size(); ++i) recs[i].end = state_->ends[i].load();  // launched in bucket order
+    report_buckets(comm_, "reduce-scatter", recs, now_s());
+  }
+
+ private:
+  struct Bucket {
+    int64_t begin, end;  // a range of the flat buffer
+    int params;
+  };
+  struct State {
+    std::mutex mu;
+    std::vector<Bucket> buckets;
+    std::vector<int> bucket_of, remaining;
+    size_t next = 0;  // the next bucket to launch
+    bool armed = false, callback_queued = false;
+    std::vector<BucketRecord> records;  // per launched bucket, in launch order
+    // Completion times, per bucket; written by Gloo/NCCL threads without the mutex (a future that is
+    // already complete runs its callback inline, where the launching thread holds the mutex).
+    std::unique_ptr<std::atomic<double>[]> ends;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  };
+  // The hook autograd runs once a parameter's gradient has been accumulated. It holds the state, not
+  // only the reducer, so that a backward outside training (evaluation) finds it disarmed, not freed.
+  struct Ready : torch::autograd::PostAccumulateGradHook {
+    Ready(std::shared_ptr<State> s, BucketedReduceScatter* owner, size_t index)
+        : state(std::move(s)), owner(owner), index(index) {}
+    void operator()(const torch::autograd::Variable&) override {
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (!state->armed) return;
+      if (!state->callback_queued) {
+        state->callback_queued = true;
+        torch::autograd::Engine::get_default_engine().queue_callback([o = owner] { o->finish(); });
+      }
+      --state->remaining[state->bucket_of[index]];
+      owner->launch_ready(/*all=*/false);
+    }
+    std::shared_ptr<State> state;
+    BucketedReduceScatter* owner;
+    size_t index;
+  };
+
+  // Under state_->mu: launches, in order, the buckets whose gradients are all there (all: every one).
+  void launch_ready(bool all) {
+    State& st = *state_;
+    const int64_t shard = flat_.shard, elem = flat_.grad.element_size();
+    while (st.next < st.buckets.size() && (all || st.remaining[st.next] == 0)) {
+      const size_t index = st.next++;
+      const Bucket& b = st.buckets[index];
+      st.records.push_back({(b.end - b.begin) * elem, now_s(), 0});
+      for (int r = 0; r < comm_.world_size(); ++r) {
+        const int64_t lo = std::max(b.begin, r * shard), hi = std::min(b.end, (r + 1) * shard);
+        if (lo >= hi) continue;
+        std::vector<torch::Tensor> part{flat_.grad.narrow(0, lo, hi - lo)};
+        c10d::ReduceOptions o;
+        o.rootRank = r;
+        auto work = comm_.process_group()->reduce(part, o);
+        std::weak_ptr<State> weak = state_;
+        work->getFuture()->addCallback([weak, index](c10::ivalue::Future&) {
+          if (auto s = weak.lock()) {
+            std::atomic<double>& end = s->ends[index];
+            const double t = now_s();
+            for (double seen = end.load(); seen < t && !end.compare_exchange_weak(seen, t);) {
+            }
+          }
+        });
+        st.works.push_back(std::move(work));
+      }
+    }
+  }
+  // End of backward: launch what is left, wait for everything in flight.
+  void finish() {
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (!state_->armed) return;
+      state_->armed = false;
+      launch_ready(/*all=*/true);
+      works.swap(state_->works);
+    }
+    for (auto& w : works) w->wait();  // unlocked: the completion callbacks take the mutex
+  }
+
+  Communicator& comm_;
+  FlatParams& flat_;
+  std::shared_ptr<State> state_;
 };
 
 class Ddp : public ParallelStrategy {
@@ -248,6 +402,7 @@ class Zero12 : public ParallelStrategy {
     } else {
       shard_.mutable_grad() = torch::zeros({flat_.shard}, flat_.flat.options());
       release_storage(flat_.grad);
+      scatter_ = std::make_unique<BucketedReduceScatter>(*comm_, flat_, bucket_bytes_);
     }
     return {shard_};
   }
@@ -262,14 +417,15 @@ class Zero12 : public ParallelStrategy {
   }
   void before_backward() override {
     if (reducer_) reducer_->before_backward();
+    if (scatter_) scatter_->before_backward();
   }
   void reduce_gradients() override {
     torch::NoGradGuard no_grad;
     if (stage_ == 1) {
       reducer_->report();  // reduced during backward
     } else {
-      torch::Tensor g = shard_.mutable_grad();
-      comm_->reduce_scatter(g, flat_.grad, /*average=*/true);
+      scatter_->report();  // reduced to their owners during backward
+      shard_.mutable_grad().copy_(flat_.slice(flat_.grad, comm_->rank())).div_(comm_->world_size());
       release_storage(flat_.grad);  // only this rank's slice of the gradients stays
     }
   }
@@ -284,6 +440,7 @@ class Zero12 : public ParallelStrategy {
   FlatParams flat_;
   torch::Tensor shard_;
   std::unique_ptr<BucketedAllReduce> reducer_;  // zero1
+  std::unique_ptr<BucketedReduceScatter> scatter_;  // zero2
 };
 
 // ---- zero3 ------------------------------------------------------------------------------------
@@ -460,6 +617,17 @@ class Zero3 : public ParallelStrategy {
     }
     return h;
   }
+  torch::Tensor full_parameters() override {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> parts;
+    for (auto* u : all_units()) {
+      const bool resident = u->fp.flat.storage().nbytes() > 0;
+      if (!resident) u->gather();
+      parts.push_back(u->fp.flat.narrow(0, 0, u->fp.numel).to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true));
+      if (!resident) u->release();
+    }
+    return torch::cat(parts);
+  }
   ModelStateBytes model_state(const torch::optim::Optimizer& opt, int64_t words) const override {
     ModelStateBytes m = ParallelStrategy::model_state(opt, words);
     // The gathered buffers are released at rest; what the rank holds is its shards and their gradients.
@@ -555,6 +723,23 @@ uint64_t ParallelStrategy::parameter_fingerprint() {
   uint64_t h = 1469598103934665603ULL;
   for (const auto& p : model_->parameters()) h = fingerprint(p, h);
   return h;
+}
+
+torch::Tensor ParallelStrategy::full_parameters() {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> parts;
+  for (const auto& p : model_->parameters()) parts.push_back(p.detach().reshape(-1).to(torch::kFloat));
+  return torch::cat(parts);
+}
+
+double ParallelStrategy::parameter_spread() {
+  if (!comm_) return 0.0;
+  torch::NoGradGuard no_grad;
+  torch::Tensor hi = full_parameters().cpu();
+  torch::Tensor neg_lo = -hi;
+  comm_->all_reduce_max(hi);
+  comm_->all_reduce_max(neg_lo);  // -min over ranks
+  return (hi + neg_lo).max().item<double>();
 }
 
 void ParallelStrategy::clip_grad_norm(const std::vector<torch::Tensor>& opt_params, double max_norm) {

@@ -4,7 +4,8 @@
 //          initial broadcast of rank 0's parameters.
 //   zero1  optimizer state sharded: gradients all-reduced, each rank steps its slice of the flat
 //          parameters, the slices are all-gathered.
-//   zero2  gradients sharded too: reduce-scattered after backward, the full gradient buffer is freed.
+//   zero2  gradients sharded too: each bucket reduced to the ranks owning its slices while backward
+//          runs (DeepSpeed's overlap_comm), the full gradient buffer freed once reduced.
 //   zero3  FSDP-style: parameters flattened per block and sharded; a block's full parameters are
 //          all-gathered for its forward and again for its backward, freed after each, and its
 //          gradients reduce-scattered as soon as its backward is done. With `prefetch` the next block's
@@ -43,6 +44,9 @@ class ParallelStrategy {
   virtual ModelStateBytes model_state(const torch::optim::Optimizer& opt, int64_t optimizer_words) const;
   // A hash of this rank's full parameters (zero3 gathers them for it).
   virtual uint64_t parameter_fingerprint();
+  // The largest |difference| of one parameter value between any two ranks (0: the ranks agree
+  // exactly); a collective every rank must call. Outside the step's communication.
+  double parameter_spread();
   // Global gradient-norm clipping over the optimizer's tensors (all ranks agree on the norm).
   virtual void clip_grad_norm(const std::vector<torch::Tensor>& opt_params, double max_norm);
   Communicator* comm() const { return comm_; }
@@ -52,6 +56,8 @@ class ParallelStrategy {
   // Whether each rank's optimizer sees only a slice of the gradients (zero), so that a global norm
   // needs the ranks' sums; ddp's ranks all hold the whole averaged gradient.
   virtual bool sliced_gradients() const { return false; }
+  // This rank's full parameters as one flat fp32 copy (zero3 gathers them).
+  virtual torch::Tensor full_parameters();
   Communicator* comm_;  // null for single
   ReferenceModel* model_ = nullptr;
 };

@@ -59,6 +59,43 @@ std::string join_names(const std::vector<std::string>& v) {
 
 }  // namespace
 
+const std::vector<std::string>& pitfall_kinds() {
+  static const std::vector<std::string> kinds{"fp16-range", "rng", "memory", "ssl-data"};
+  return kinds;
+}
+
+namespace {
+json parse_pitfall(const toml::table& t, const std::string& at) {
+  json p{{"id", ""}, {"kind", ""}, {"title", ""}, {"wrong", json::array()}, {"fix", json::array()},
+         {"reference", json::array()}};
+  for (const auto& [k, v] : in_file_order(t)) {
+    const std::string where = at + "." + k;
+    if (k == "id" || k == "kind" || k == "title") {
+      if (!v->is_string()) throw UsageError(where + ": expected a string");
+      p[k] = v->as_string()->get();
+    } else if (k == "wrong" || k == "fix" || k == "reference") {
+      const toml::array* arr = v->as_array();
+      if (!arr) throw UsageError(where + ": expected a list of cell names");
+      for (const auto& n : *arr) {
+        if (!n.is_string()) throw UsageError(where + ": expected a list of cell names");
+        p[k].push_back(n.as_string()->get());
+      }
+    } else {
+      throw UsageError(where + ": unknown key (allowed: id, kind, title, wrong, fix, reference)");
+    }
+  }
+  if (p["id"].get<std::string>().empty()) throw UsageError(at + ": a pitfall needs an id");
+  const auto& kinds = pitfall_kinds();
+  if (std::find(kinds.begin(), kinds.end(), p["kind"].get<std::string>()) == kinds.end()) {
+    std::string allowed;
+    for (const auto& k : kinds) allowed += (allowed.empty() ? "" : ", ") + k;
+    throw UsageError(at + ".kind: unknown pitfall kind '" + p["kind"].get<std::string>() + "' (allowed: " + allowed + ")");
+  }
+  if (p["wrong"].empty() || p["fix"].empty()) throw UsageError(at + ": a pitfall needs 'wrong' and 'fix' cells");
+  return p;
+}
+}  // namespace
+
 Suite parse_suite(const std::string& text, const std::string& origin) {
   toml::table doc;
   try {
@@ -113,7 +150,7 @@ Suite parse_suite(const std::string& text, const std::string& origin) {
       }
     } else if (key == "frontier") {
       const toml::table& t = as_table(*node, where);
-      json f{{"budget", "none"}, {"steps", 3}, {"start", 8}, {"limit", 4096}, {"models", json::array()}};
+      json f{{"budget", "none"}, {"steps", 3}, {"start", 8}, {"limit", 4096}, {"models", json::array()}, {"cells", json::array()}};
       for (const auto& [k, v] : in_file_order(t)) {
         const std::string at = where + "." + k;
         if (k == "budget") f[k] = validate_value("memory_budget", to_json_value(*v, at));
@@ -124,8 +161,15 @@ Suite parse_suite(const std::string& text, const std::string& origin) {
           const toml::array* arr = v->as_array();
           if (!arr) throw UsageError(at + ": expected a list of models");
           for (const auto& m : *arr) f[k].push_back(validate_value("model", to_json_value(m, at)));
+        } else if (k == "cells") {
+          const toml::array* arr = v->as_array();
+          if (!arr) throw UsageError(at + ": expected a list of cell names");
+          for (const auto& m : *arr) {
+            if (!m.is_string()) throw UsageError(at + ": expected a list of cell names");
+            f[k].push_back(m.as_string()->get());
+          }
         } else {
-          throw UsageError(at + ": unknown key (allowed: budget, steps, start, limit, models)");
+          throw UsageError(at + ": unknown key (allowed: budget, steps, start, limit, models, cells)");
         }
       }
       s.frontier = f;
@@ -141,11 +185,25 @@ Suite parse_suite(const std::string& text, const std::string& origin) {
         t.erase("name");
         s.extra_cells.emplace_back(cell_name, settings_table(t, at));
       }
+    } else if (key == "pitfalls") {
+      const toml::array* arr = node->as_array();
+      if (!arr || !arr->is_array_of_tables()) throw UsageError(where + ": expected [[pitfalls]] tables");
+      for (size_t i = 0; i < arr->size(); ++i)
+        s.pitfalls.push_back(parse_pitfall(*arr->get(i)->as_table(), where + "[" + std::to_string(i) + "]"));
     } else {
-      throw UsageError(where + ": unknown key (allowed: name, description, repeat, base, axes, when, cells, frontier)");
+      throw UsageError(where +
+                       ": unknown key (allowed: name, description, repeat, base, axes, when, cells, frontier, pitfalls)");
     }
   }
   if (s.name.empty()) throw UsageError(origin + ": missing 'name'");
+  // A pitfall names cells of the suite: a name that is none of them is a typo, caught before anything runs.
+  const std::vector<Cell> cells = s.pitfalls.empty() ? std::vector<Cell>{} : expand(s);
+  for (size_t i = 0; i < s.pitfalls.size(); ++i)
+    for (const char* part : {"wrong", "fix", "reference"})
+      for (const auto& n : s.pitfalls[i][part])
+        if (std::none_of(cells.begin(), cells.end(), [&](const Cell& c) { return c.name == n.get<std::string>(); }))
+          throw UsageError(origin + ": pitfalls[" + std::to_string(i) + "]." + part + ": no cell named '" +
+                           n.get<std::string>() + "'");
   return s;
 }
 
@@ -223,8 +281,10 @@ json suite_to_json(const Suite& suite) {
   for (const auto& w : suite.when) when.push_back({{"axis", w.key}, {"value", w.value}, {"settings", w.settings}});
   json extra = json::array();
   for (const auto& [name, settings] : suite.extra_cells) extra.push_back({{"name", name}, {"settings", settings}});
-  return json{{"name", suite.name}, {"description", suite.description}, {"source", suite.source}, {"repeat", suite.repeat},
-              {"base", suite.base}, {"axes", axes}, {"when", when}, {"cells", extra}, {"frontier", suite.frontier}};
+  json j{{"name", suite.name}, {"description", suite.description}, {"source", suite.source}, {"repeat", suite.repeat},
+         {"base", suite.base}, {"axes", axes}, {"when", when}, {"cells", extra}, {"frontier", suite.frontier}};
+  if (!suite.pitfalls.empty()) j["pitfalls"] = suite.pitfalls;
+  return j;
 }
 
 }  // namespace trainscope::suites

@@ -43,9 +43,16 @@ struct Suite {
   std::vector<WhenRule> when;
   std::vector<std::pair<std::string, json>> extra_cells;  // name, settings over the base
   // [frontier]: search the largest batch under `budget` for each distinct cell configuration (batch
-  // size aside) of the listed models; {"budget", "steps", "start", "limit", "models"}; null: none.
+  // size aside) of the listed models (or of the listed cells only); {"budget", "steps", "start",
+  // "limit", "models", "cells"}; null: none.
   json frontier;
+  // [[pitfalls]]: a mistake reproduced on purpose, each {"id", "kind", "title", "wrong", "fix",
+  // "reference"} naming cells of this suite (reports/pitfalls.cpp reads them); kind is one of
+  // pitfall_kinds().
+  json pitfalls = json::array();
 };
+
+const std::vector<std::string>& pitfall_kinds();
 
 struct Cell {
   std::string name;

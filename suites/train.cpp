@@ -261,6 +261,7 @@ Batch Trainer::rank_batch(int64_t step, torch::Tensor* flips) {
 void Trainer::fingerprints(int64_t step, const Batch& batch, const torch::Tensor& flips, Hooks& hooks) {
   auto emit = [&](const char* stream, const char* cls, uint64_t v) { hooks.fingerprint(Fingerprint{stream, cls, step, v}); };
   emit(step == 0 ? "initial-weights" : "parameters", "must-match", strategy_->parameter_fingerprint());
+  if (strategy_->comm()) hooks.parameter_spread(step, strategy_->parameter_spread());
   at::Tensor cpu_state;
   {
     auto gen = at::detail::getDefaultCPUGenerator();

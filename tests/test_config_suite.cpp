@@ -78,7 +78,7 @@ TEST(SuiteFile, ErrorsNameTheKeyAndTheAllowedValues) {
   EXPECT_NE(parse("[base]\nsteps=1\n").find("missing 'name'"), std::string::npos);
   // A TOML syntax error names the line and column.
   EXPECT_NE(parse("name = 'x'\n[base\n").find("bad.toml:2:"), std::string::npos);
-  EXPECT_NE(error_of([] { load_suite("no-such-suite"); }).find("built-in: checkpointing, hardware, parallel, parity, precision, quick, ssl"), std::string::npos);
+  EXPECT_NE(error_of([] { load_suite("no-such-suite"); }).find("built-in: checkpointing, hardware, parallel, parity, pitfalls, precision, quick, ssl"), std::string::npos);
 }
 
 TEST(SuiteFile, ExtraCellsBesideTheMatrix) {
@@ -101,6 +101,32 @@ loss_multiplier = 1e8
   EXPECT_NE(error_of([] { parse_suite("name='x'\n[[cells]]\nname='a'\nprecision='fp4'\n", "c.toml"); })
                 .find("unknown precision 'fp4'"),
             std::string::npos);
+}
+
+// [[pitfalls]] name cells of the suite and a kind the report knows; each mistake is one line naming it.
+TEST(SuiteFile, PitfallsAreCheckedAgainstTheSuitesCells) {
+  const std::string base = std::string(kSuite) + "[[cells]]\nname = \"stress\"\nloss_multiplier = 1e8\n";
+  const Suite s = parse_suite(base + R"(
+[[pitfalls]]
+id = "p1"
+kind = "fp16-range"
+title = "fp16"
+wrong = ["stress"]
+fix = ["bf16-mixed/mlp-tiny/bs8"]
+)", "p.toml");
+  ASSERT_EQ(s.pitfalls.size(), 1u);
+  EXPECT_EQ(s.pitfalls[0]["fix"], json::array({"bf16-mixed/mlp-tiny/bs8"}));  // a matrix cell counts
+  EXPECT_EQ(suite_to_json(s)["pitfalls"][0]["id"], "p1");
+  EXPECT_FALSE(suite_to_json(parse_suite(kSuite, "d.toml")).contains("pitfalls"));
+  auto err = [&](const std::string& text) { return error_of([&] { parse_suite(base + text, "p.toml"); }); };
+  EXPECT_NE(err("[[pitfalls]]\nid='a'\nkind='fp4'\nwrong=['stress']\nfix=['stress']\n").find("unknown pitfall kind 'fp4' (allowed: fp16-range, rng, memory, ssl-data)"),
+            std::string::npos);
+  EXPECT_NE(err("[[pitfalls]]\nid='a'\nkind='rng'\nwrong=['stres']\nfix=['stress']\n").find("pitfalls[0].wrong: no cell named 'stres'"),
+            std::string::npos);
+  EXPECT_NE(err("[[pitfalls]]\nid='a'\nkind='rng'\nwrong=['stress']\n").find("needs 'wrong' and 'fix' cells"), std::string::npos);
+  EXPECT_NE(err("[[pitfalls]]\nkind='rng'\nwrong=['stress']\nfix=['stress']\n").find("needs an id"), std::string::npos);
+  EXPECT_NE(err("[[pitfalls]]\nid='a'\nwhy='x'\n").find("pitfalls[0].why: unknown key"), std::string::npos);
+  EXPECT_NE(err("[frontier]\ncells=[1]\n").find("frontier.cells: expected a list of cell names"), std::string::npos);
 }
 
 TEST(Config, ValuesAreCheckedAndParsed) {
@@ -135,6 +161,9 @@ TEST(Config, BuiltinSuitesParse) {
   ASSERT_EQ(ckpt.size(), 16u);  // 2 models x 4 policies x 2 batch sizes
   EXPECT_EQ(ckpt[2].name, "gpt-tiny/ckpt-full/bs16");
   EXPECT_EQ(load_suite("checkpointing").frontier["budget"], "64MiB");
+  const Suite pitfalls = load_suite("pitfalls");
+  ASSERT_EQ(pitfalls.pitfalls.size(), 4u);  // one of each kind, in the issue's order
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(pitfalls.pitfalls[i]["kind"], pitfall_kinds()[i]);
   ASSERT_EQ(precision.size(), 17u);  // 2 models x 7 modes + 3 stress cells
   EXPECT_EQ(precision[4].name, "mlp/16-mixed-noscale");
   EXPECT_EQ(quick[0].name, "mlp/32-true");

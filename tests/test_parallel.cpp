@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -258,11 +260,13 @@ lr = 0.05
   EXPECT_DOUBLE_EQ(ddp, single_state);
 }
 
-// zero1 reduces as DDP does: bucket by bucket during backward (c10d's Reducer), so with small buckets
-// its all-reduces are several, they add up to the gradient bytes, and part of the time overlaps.
-TEST(Parallel, Zero1AllReducesBucketsDuringBackward) {
-  const auto run = run_suite_text("zero1-buckets", R"(
-name = "zero1-buckets"
+// zero1 reduces as DDP does: bucket by bucket during backward (c10d's Reducer); zero2 reduces each
+// bucket to the ranks owning its part of the flat buffer, also during backward (DeepSpeed's
+// overlap_comm). With small buckets the collectives are several, they add up to the gradient bytes
+// once, and part of their time overlaps backward.
+TEST(Parallel, Zero1AndZero2ReduceBucketsDuringBackward) {
+  const auto run = run_suite_text("zero12-buckets", R"(
+name = "zero12-buckets"
 [base]
 model = "gpt-tiny"
 batch_size = 4
@@ -273,20 +277,68 @@ overflow_every = 0
 world_size = 2
 bucket_mb = 0.25
 [axes]
-parallel = ["zero1"]
+parallel = ["zero1", "zero2"]
 )", "--nproc 2");
   ASSERT_EQ(run.result.code, 0) << run.result.out;
-  const json& comm = run.report["cells"][0]["metrics"]["comm"];
-  int64_t bucket_bytes = 0, buckets = 0;
-  for (const auto& c : comm["collectives"]) {
-    if (c["op"] != "all-reduce") continue;
-    EXPECT_EQ(c["count"], 4) << c.dump();  // once per measured step
-    bucket_bytes += c["bytes"].get<int64_t>();
-    ++buckets;
+  for (const auto& [name, op] : {std::pair<std::string, std::string>{"zero1", "all-reduce"}, {"zero2", "reduce-scatter"}}) {
+    const json comm = cell_named(run.report, name)["metrics"]["comm"];
+    int64_t bucket_bytes = 0, buckets = 0;
+    for (const auto& c : comm["collectives"]) {
+      if (c["op"] != op) continue;
+      EXPECT_EQ(c["count"], 4) << name << ": " << c.dump();  // once per measured step
+      bucket_bytes += c["bytes"].get<int64_t>();
+      ++buckets;
+    }
+    EXPECT_GE(buckets, 2) << name;
+    EXPECT_EQ(bucket_bytes, 120576 * 4) << name;  // every fp32 gradient of gpt-tiny, once
+    EXPECT_GT(comm["overlap"].get<double>(), 0.0) << name;
   }
-  EXPECT_GE(buckets, 2);
-  EXPECT_EQ(bucket_bytes, 120576 * 4);  // every fp32 gradient of gpt-tiny, once
-  EXPECT_GT(comm["overlap"].get<double>(), 0.0);
+}
+
+// The frontier across ranks: each try runs both ranks, each under the per-rank budget (as each GPU
+// has its own memory); a batch fits when every rank ends ok, and the peak that counts is the largest
+// rank's. The search is a bisection, so it ends on adjacent batches: the largest fit and the first oom.
+TEST(Parallel, FrontierSearchesMultiRankCellsOnTheLargestRanksPeak) {
+  const auto run = run_suite_text("frontier-ranks", R"(
+name = "frontier-ranks"
+[base]
+model = "gpt-tiny"
+batch_size = 8
+warmup_steps = 1
+steps = 2
+eval = false
+overflow_every = 0
+[axes]
+checkpoint = ["none"]
+[[cells]]
+name = "zero3/ws2"
+parallel = "zero3"
+world_size = 2
+[frontier]
+budget = "24MiB"
+cells = ["zero3/ws2"]
+steps = 2
+start = 16
+limit = 512
+)", "--nproc 2");
+  ASSERT_EQ(run.result.code, 0) << run.result.out;
+  const json& frontier = run.report["frontier"];
+  ASSERT_EQ(frontier.size(), 1u) << frontier.dump();  // only the listed cell is searched
+  const json& f = frontier[0];
+  EXPECT_EQ(f["world_size"], 2);
+  EXPECT_EQ(f["parallel"], "zero3");
+  const int64_t fit = f["largest_batch"], fail = f["first_failing_batch"];
+  ASSERT_GT(fit, 0) << f.dump();
+  EXPECT_EQ(fail, fit + 1) << f.dump();
+  for (const auto& t : f["tries"]) EXPECT_EQ(t[1], t[0].get<int64_t>() <= fit ? "ok" : "oom") << t.dump();
+  EXPECT_LE(f["peak_bytes"].get<double>(), 24.0 * 1024 * 1024);
+  // The peak is the largest of the fitting try's ranks.
+  const json cell = read_json(run.out + "/frontier/gpt-tiny_32-true_zero3_ws2_ckpt-none_bs" + std::to_string(fit) + ".json");
+  double largest = 0;
+  for (const auto& r : cell["ranks"]) largest = std::max(largest, r["peak_bytes"].get<double>());
+  EXPECT_EQ(f["peak_bytes"].get<double>(), largest);
+  EXPECT_EQ(cell["ranks"][f["peak_rank"].get<int>()]["peak_bytes"].get<double>(), largest);
+  EXPECT_NE(run.result.out.find("frontier gpt-tiny/32-true/zero3/ws2/ckpt-none under 24MiB"), std::string::npos) << run.result.out;
 }
 
 // The strategies with the other techniques: autocast, fp16 emulation with the loss scaler, bf16
@@ -400,6 +452,20 @@ augment = true
     EXPECT_EQ(rng_stream(skip, "initial-weights")["first_violation_step"], 0);
     EXPECT_EQ(rng_stream(skip, "parameters")["verdict"], "violated");  // DDP averages gradients, not weights
     EXPECT_EQ(rng_stream(skip, "data-samples")["verdict"], "ok");
+
+    // The consequence: the ranks' weights are measured apart (largest |difference| of one value).
+    // Clean ranks agree bit for bit (DDP's averaged gradient is the same bytes everywhere), so their
+    // spread is exactly 0 at every sampled step; each rank's own initialisation of a layer draws
+    // values of the init's scale (~1/sqrt(fan_in) >= 1/sqrt(784)), which the identical updates never
+    // bring together, so the faulty spread stays well above 1e-3 to the end.
+    const json& clean_spread = clean["metrics"]["rng"]["parameter_spread"];
+    ASSERT_TRUE(clean_spread.is_object()) << clean["metrics"]["rng"].dump();
+    EXPECT_EQ(clean_spread["max"].get<double>(), 0.0);
+    EXPECT_EQ(clean_spread["by_step"].size(), rng_stream(clean, "parameters")["steps_compared"].get<size_t>() + 1);
+    const json& skip_spread = skip["metrics"]["rng"]["parameter_spread"];
+    EXPECT_GT(skip_spread["final"].get<double>(), 1e-3) << skip_spread.dump();
+    EXPECT_EQ(skip_spread["first_nonzero_step"], 0);
+    EXPECT_EQ(same["metrics"]["rng"]["parameter_spread"]["max"].get<double>(), 0.0);  // weights agree; data does not
   }
   const json mlp_same = cell_named(report, "mlp-tiny/inject=same-data-seed");
   EXPECT_EQ(rng_stream(mlp_same, "augmentation")["verdict"], "violated");
@@ -657,4 +723,43 @@ TEST(Parallel, TraceHasOneProcessPerRankAndSpansNestPerTrack) {
   const Result again = ts("trace " + run.out);
   EXPECT_EQ(again.code, 0) << again.out;
   EXPECT_EQ(read_json(path)["traceEvents"].size(), trace["traceEvents"].size());
+}
+
+// The built-in pitfalls suite end to end: each mistake made, detected and fixed in one run. The first
+// three are exact on any CPU (a non-finite loss, fingerprints, the allocator's byte count against the
+// budget); the fourth is a training outcome, so what is asserted is that both paths were measured at
+// every label fraction and that reusing the encoder is charged its pre-training.
+TEST(Parallel, PitfallsSuiteReproducesEachMistakeWithItsFix) {
+  const std::string out = tmp("pitfalls");
+  sh("rm -rf " + out);
+  const Result r = ts("run --suite pitfalls --nproc 2 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json report = read_json(out + "/report.json");
+  const Result valid = validate_report(out + "/report.json");
+  EXPECT_EQ(valid.code, 0) << valid.out;
+  ASSERT_EQ(report["pitfalls"].size(), 4u);
+  std::map<std::string, json> by_kind;
+  for (const auto& p : report["pitfalls"]) by_kind[p["kind"]] = p;
+  for (const char* kind : {"fp16-range", "rng", "memory"})
+    EXPECT_EQ(by_kind[kind]["reproduced"], true) << by_kind[kind].dump(1);
+  EXPECT_EQ(cell_named(report, "memory/zero3/none/bs80")["status"], "oom");
+  EXPECT_EQ(cell_named(report, "memory/zero3/full/bs80")["status"], "ok");
+  // The multi-rank frontier of the three policies: recomputing more fits more.
+  std::map<std::string, int64_t> largest;
+  for (const auto& f : report["frontier"]) largest[f["checkpoint"]] = f["largest_batch"];
+  EXPECT_LT(largest["none"], 80);
+  EXPECT_GE(largest["full"], 80);
+  EXPECT_GT(largest["full"], largest["every:2"]);
+  EXPECT_GT(largest["every:2"], largest["none"]);
+  const json& ssl = by_kind["ssl-data"];
+  EXPECT_NE(ssl["saw"].dump().find("at 1% labels the pretrained encoder scores"), std::string::npos) << ssl.dump(1);
+  EXPECT_NE(ssl["saw"].dump().find("at 10% labels the pretrained encoder scores"), std::string::npos) << ssl.dump(1);
+  const double upstream = cell_named(report, "ssl/pretrain-60k")["metrics"]["ssl"]["pretrain"]["wall_s"];
+  for (const auto& e : report["ssl"]["label_efficiency"])
+    if (e["cell"] == "ssl/pretrained-60k") EXPECT_GE(e["ssl_cost_s_mean"].get<double>(), upstream);
+  std::ifstream md(out + "/report.md");
+  const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  for (const char* title : {"### 1. fp16 gives non-finite losses", "### 2. RNG not coordinated", "### 3. Full sharding",
+                            "### 4. Self-supervised pre-training on little data"})
+    EXPECT_NE(text.find(title), std::string::npos) << title;
 }

@@ -11,6 +11,7 @@
 #include "test_paths.hpp"
 
 #include "core/errors.hpp"
+#include "core/units.hpp"
 #include "reports/render.hpp"
 #include "reports/report.hpp"
 
@@ -603,4 +604,136 @@ TEST(Ssl, ACellStartedFromAnotherCellsEncoderCountsItsPreTraining) {
   for (const auto& rec : r2["recommendations"])
     if (rec["id"] == "ssl-label-efficiency" && rec["cells"][0] == "cnn-tiny/simclr/continued") text2 = rec["text"];
   EXPECT_NE(text2.find("not counting the pre-training of elsewhere.pt"), std::string::npos) << text2;
+}
+
+// ---- the pitfalls section ---------------------------------------------------------------------
+namespace {
+
+json with_pitfall(const std::string& kind, json wrong, json fix, json reference = json::array()) {
+  return json{{"name", "pitfalls"},
+              {"pitfalls", json::array({{{"id", kind}, {"kind", kind}, {"title", "t-" + kind}, {"wrong", wrong},
+                                          {"fix", fix}, {"reference", reference}}})}};
+}
+
+json rank_peaks(json c, double r0, double r1) {
+  c["ranks"] = json::array({{{"rank", 0}, {"peak_bytes", r0}}, {{"rank", 1}, {"peak_bytes", r1}}});
+  return c;
+}
+
+json checkpointed(const std::string& name, const std::string& policy, int64_t batch, const std::string& status, double p50) {
+  json c = cell("gpt-tiny", "32-true", p50, 1.0, 0.0);
+  c["name"] = name;
+  c["status"] = status;
+  c["config"]["parallel"] = "zero3";
+  c["config"]["world_size"] = 2;
+  c["config"]["checkpoint"] = policy;
+  c["config"]["batch_size"] = batch;
+  c["config"]["memory_budget"] = "48MiB";
+  if (status != "ok") {
+    c.erase("metrics");
+    c["reason"] = "rank 1 out of memory (world of 2)";
+  }
+  return c;
+}
+
+}  // namespace
+
+TEST(Pitfalls, Fp16RangeNamesTheBlocksAndTheFixAgainstFp32) {
+  json fp32 = cell("gpt-tiny", "32-true", 0.030, 3.90, 0.0);
+  json nan = cell("gpt-tiny", "16-mixed-noscale", 0.120, NAN, 0.0);
+  nan["status"] = "diverged";
+  nan["metrics"]["quality"]["final_loss"] = nullptr;
+  nan["metrics"]["overflow"] = {{"nonfinite_loss_steps", 10}, {"first_nonfinite_loss_step", 1}, {"first_overflow_step", 0},
+                                {"nonfinite_grad_steps", 11}, {"skipped_steps", 0},
+                                {"layers", json::array({{{"block", "embed"}, {"activation", {{"frac_beyond_fp16", 0.25}}}, {"gradient", {{"frac_beyond_fp16", 1.0}}}},
+                                                        {{"block", "head"}, {"activation", {{"frac_beyond_fp16", 0.0}}}, {"gradient", {{"frac_beyond_fp16", 0.0}}}}})}};
+  json bf16 = cell("gpt-tiny", "bf16-mixed", 0.024, 3.91, 0.0);
+  json env = env_with_blas(false);
+  env["cpu"] = {{"flags", {{"avx512_bf16", true}, {"amx_bf16", false}}}};
+  const json r = make_report(env, with_pitfall("fp16-range", {"gpt-tiny/16-mixed-noscale"}, {"gpt-tiny/bf16-mixed"}), {fp32, nan, bf16});
+  const json& p = r["pitfalls"][0];
+  EXPECT_EQ(p["reproduced"], true) << p.dump(1);
+  EXPECT_NE(p["wrong"][0]["summary"].get<std::string>().find("the loss went non-finite at step 1"), std::string::npos);
+  EXPECT_NE(p["saw"][0].get<std::string>().find("embed (100%)"), std::string::npos) << p["saw"].dump();
+  EXPECT_EQ(p["saw"][0].get<std::string>().find("head"), std::string::npos);  // never left the range
+  // 3.91 / 3.90 - 1 = 0.256%: within the 2% match threshold.
+  EXPECT_NE(p["fix"][0]["summary"].get<std::string>().find("0.3% from fp32 (matches)"), std::string::npos) << p["fix"].dump();
+  EXPECT_NE(p["cost"][0].get<std::string>().find("0.80x of fp32's, 0.20x of the fp16 cell's"), std::string::npos) << p["cost"].dump();
+  EXPECT_NE(p["verdict"].get<std::string>().find("use bf16-mixed"), std::string::npos);
+  // The same cells on a CPU without bf16 instructions: the fix still matches, and the advice keeps the scaler.
+  env["cpu"]["flags"]["avx512_bf16"] = false;
+  const json r2 = make_report(env, with_pitfall("fp16-range", {"gpt-tiny/16-mixed-noscale"}, {"gpt-tiny/bf16-mixed"}), {fp32, nan, bf16});
+  EXPECT_NE(r2["pitfalls"][0]["verdict"].get<std::string>().find("keep 16-mixed with the loss scaler"), std::string::npos);
+  bool cited = false;
+  for (const auto& rec : r2["recommendations"]) cited = cited || rec["id"] == "pitfall.fp16-range";
+  EXPECT_TRUE(cited);
+}
+
+TEST(Pitfalls, MemoryNamesTheCheapestPolicyThatFitsAndItsRecomputeCost) {
+  const json none = checkpointed("none/bs192", "none", 192, "oom", 0);
+  const json full = rank_peaks(checkpointed("full/bs192", "full", 192, "ok", 0.50), 30e6, 40e6);
+  const json every = rank_peaks(checkpointed("every2/bs192", "every:2", 192, "ok", 0.40), 41e6, 35e6);
+  const json rn = checkpointed("none/bs32", "none", 32, "ok", 0.10), rf = checkpointed("full/bs32", "full", 32, "ok", 0.13),
+             re = checkpointed("every2/bs32", "every:2", 32, "ok", 0.12);
+  const json suite = with_pitfall("memory", {"none/bs192"}, {"full/bs192", "every2/bs192"}, {"none/bs32", "full/bs32", "every2/bs32"});
+  const json r = make_report(env_with_blas(false), suite, {none, full, every, rn, rf, re});
+  const json& p = r["pitfalls"][0];
+  EXPECT_EQ(p["reproduced"], true) << p.dump(1);
+  // every:2 is the faster fit (0.40 s against 0.50 s); its cost at batch 32: 0.12 / 0.10 - 1 = +20%.
+  EXPECT_NE(p["verdict"].get<std::string>().find("the cheapest policy that fits is every:2"), std::string::npos) << p["verdict"];
+  EXPECT_NE(p["verdict"].get<std::string>().find("recompute cost +20%"), std::string::npos) << p["verdict"];
+  EXPECT_NE(p["fix"][0]["summary"].get<std::string>().find("recompute cost +30%"), std::string::npos);
+  // The largest rank's peak: rank 0's 41 MB for every:2.
+  EXPECT_NE(p["fix"][1]["summary"].get<std::string>().find(format_bytes(41e6) + " on the largest rank"), std::string::npos)
+      << p["fix"][1].dump();
+  EXPECT_NE(p["saw"][0].get<std::string>().find("out of memory"), std::string::npos);
+  // Nothing fits: not reproduced, and the recommendation says so at warn.
+  const json r2 = make_report(env_with_blas(false), suite, {none, checkpointed("full/bs192", "full", 192, "oom", 0),
+                                                            checkpointed("every2/bs192", "every:2", 192, "oom", 0), rn, rf, re});
+  EXPECT_EQ(r2["pitfalls"][0]["reproduced"], false);
+  for (const auto& rec : r2["recommendations"])
+    if (rec["id"] == "pitfall.memory") EXPECT_EQ(rec["severity"], "warn");
+}
+
+TEST(Pitfalls, RngShowsTheConsequenceBesideTheViolatedStreams) {
+  auto ddp = [](const std::string& name, const std::string& inject, double loss, json streams, double spread) {
+    json c = cell("mlp", "32-true", 0.01, loss, 0.8);
+    c["name"] = name;
+    c["config"]["inject"] = inject;
+    c["config"]["world_size"] = 2;
+    c["config"]["batch_size"] = 64;
+    c["metrics"]["rng"] = {{"streams", streams}, {"violations", streams.size()},
+                           {"parameter_spread", {{"max", spread}, {"final", spread}, {"first_nonzero_step", spread > 0 ? json(0) : json(nullptr)}}}};
+    return c;
+  };
+  const json violated = json::array({{{"name", "data-samples"}, {"class", "should-differ"}, {"verdict", "violated"}, {"first_violation_step", 0}, {"ranks", {0, 1}}, {"detail", "identical on ranks 0, 1"}}});
+  const json clean = ddp("clean", "none", 0.50, json::array(), 0.0);
+  const json same = ddp("same", "same-data-seed", 0.55, violated, 0.0);
+  const json suite = with_pitfall("rng", {"same"}, {"clean"});
+  const json rep = make_report(env_with_blas(false), suite, {clean, same});
+  const json& p = rep["pitfalls"][0];
+  EXPECT_EQ(p["reproduced"], true) << p.dump(1);
+  const std::string saw = p["saw"].dump();
+  EXPECT_NE(saw.find("data-samples (should-differ, from step 0)"), std::string::npos) << saw;
+  EXPECT_NE(saw.find("final loss 0.5500 against the clean run's 0.5000 (+10.0%)"), std::string::npos) << saw;
+  EXPECT_NE(saw.find("each global batch of 128 held 64 distinct samples"), std::string::npos) << saw;
+  // A fault that no stream caught is not a reproduction.
+  const json quiet = ddp("same", "same-data-seed", 0.55, json::array(), 0.0);
+  EXPECT_EQ(make_report(env_with_blas(false), suite, {clean, quiet})["pitfalls"][0]["reproduced"], false);
+}
+
+TEST(Pitfalls, AMissingCellIsNamedAndTheSectionRenders) {
+  const json suite = with_pitfall("rng", {"gone"}, {"clean"});
+  json clean = cell("mlp", "32-true", 0.01, 0.5, 0.8);
+  clean["name"] = "clean";
+  const json r = make_report(env_with_blas(false), suite, {clean});
+  const json& p = r["pitfalls"][0];
+  EXPECT_EQ(p["reproduced"], false);
+  EXPECT_EQ(p["missing"], json::array({"gone"}));
+  EXPECT_NE(p["saw"].dump().find("gone: missing"), std::string::npos) << p.dump();
+  const std::string md = render_markdown(r);
+  EXPECT_NE(md.find("## Pitfalls: classic mistakes reproduced and diagnosed"), std::string::npos);
+  EXPECT_NE(md.find("### 1. t-rng (not reproduced)"), std::string::npos) << md;
+  EXPECT_NE(render_html(r).find("1. t-rng (not reproduced)"), std::string::npos);
+  EXPECT_TRUE(make_report(env_with_blas(false), json{{"name", "x"}}, {clean}).count("pitfalls") == 0);
 }

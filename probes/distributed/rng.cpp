@@ -29,7 +29,9 @@ void RngProbe::run_begin(const RunInfo& info) {
 json RngProbe::section() const {
   json rows = json::array();
   for (const auto& f : records_) rows.push_back({f.stream, f.cls, f.step, hex(f.value)});
-  return json{{"every", every_}, {"fingerprints", rows}};
+  json spread = json::array();
+  for (const auto& [step, d] : spread_) spread.push_back({step, d});
+  return json{{"every", every_}, {"fingerprints", rows}, {"parameter_spread", spread}};
 }
 
 json compare_rng(const std::vector<json>& rank_sections) {
@@ -89,7 +91,21 @@ json compare_rng(const std::vector<json>& rank_sections) {
     if (compared == 0) entry["verdict"] = "not compared";
     streams.push_back(entry);
   }
-  return json{{"streams", streams}, {"violations", violations}};
+  json out{{"streams", streams}, {"violations", violations}, {"parameter_spread", nullptr}};
+  for (const auto& s : rank_sections) {
+    if (!s.is_object() || !s.contains("parameter_spread") || s["parameter_spread"].empty()) continue;
+    double worst = 0;
+    json first = nullptr;
+    for (const auto& row : s["parameter_spread"]) {
+      const double d = row.at(1);
+      worst = std::max(worst, d);
+      if (d > 0 && first.is_null()) first = row.at(0);
+    }
+    out["parameter_spread"] = {{"max", worst}, {"final", s["parameter_spread"].back().at(1)},
+                               {"first_nonzero_step", first}, {"by_step", s["parameter_spread"]}};
+    break;
+  }
+  return out;
 }
 
 }  // namespace trainscope::probes

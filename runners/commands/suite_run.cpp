@@ -254,16 +254,20 @@ std::string launch_reason(const RunConfig& c, const std::optional<Launch>& exter
 }
 
 // The frontier: for each distinct configuration (batch size aside) of the chosen models, the largest
-// batch that trains under the budget, each try a short run in its own process.
+// batch that trains under the budget, each try a short run in its own process(es). A multi-rank
+// configuration tries with all its ranks (each under the budget, as each GPU has its own memory): a
+// batch fits when every rank ends ok, and the peak that counts is the largest rank's.
 json run_frontier(const json& spec, const std::vector<suites::Cell>& cells, const std::string& budget,
-                  const std::string& out) {
+                  const std::string& out, const std::optional<Launch>& external, int nproc, const Launch& launch,
+                  RendezvousStore& store) {
   json results = json::array();
   std::vector<json> seen;
   fs::create_directories(out + "/frontier");
   for (const auto& c : cells) {
     const json& models = spec["models"];
     if (!models.empty() && std::find(models.begin(), models.end(), json(c.config.model)) == models.end()) continue;
-    if (c.config.world_size > 1) continue;  // the frontier is a single-process search
+    const json names = spec.value("cells", json::array());
+    if (!names.empty() && std::find(names.begin(), names.end(), json(c.name)) == names.end()) continue;
     RunConfig base = c.config;
     base.batch_size = 1;
     base.steps = spec["steps"];
@@ -274,8 +278,18 @@ json run_frontier(const json& spec, const std::vector<suites::Cell>& cells, cons
     if (std::find(seen.begin(), seen.end(), base.to_json()) != seen.end()) continue;
     seen.push_back(base.to_json());
     const std::string device = suites::resolve_device(base.device);
-    const std::string label = base.model + "/" + base.precision + "/ckpt-" + base.checkpoint;
+    const int world = static_cast<int>(base.world_size);
+    const std::string label = reports::frontier_label(base.to_json());
     if (!suites::unsupported_reason(base, device).empty() || interrupted()) continue;
+    // Under an external launcher every rank would have to walk the same search; its ranks run the
+    // suite's cells only.
+    const std::string why = world == 1 ? ""
+                            : external ? "the multi-rank frontier runs local ranks only (not under " + external->source + ")"
+                                       : world > nproc ? launch_reason(base, std::nullopt, nproc) : "";
+    if (!why.empty()) {
+      std::printf("frontier %s: skipped (%s)\n", label.c_str(), why.c_str());
+      continue;
+    }
     std::printf("frontier %s under %s: ", label.c_str(), budget.c_str());
     std::fflush(stdout);
     std::map<int64_t, json> tried;
@@ -285,8 +299,20 @@ json run_frontier(const json& spec, const std::vector<suites::Cell>& cells, cons
           if (!error.empty() || interrupted()) return false;
           RunConfig cfg = base;
           cfg.batch_size = bs;
+          const std::string name = label + "/bs" + std::to_string(bs);
           const std::string stem = out + "/frontier/" + file_stem(label) + "_bs" + std::to_string(bs);
-          json cell = run_isolated(label + "/bs" + std::to_string(bs), cfg.to_json(), device, stem, cfg.timeout_s);
+          json cell;
+          if (world > 1) {
+            try {
+              cell = run_ranks(name, cfg.to_json(), device, stem, cfg.timeout_s, launch, store,
+                               "trainscope/frontier/" + std::to_string(results.size()) + "/bs" + std::to_string(bs) + "/");
+            } catch (const std::exception& e) {
+              const std::string what = e.what();
+              cell = cell_without_metrics(name, cfg.to_json(), device, "failed", what.substr(0, what.find('\n')));
+            }
+          } else {
+            cell = run_isolated(name, cfg.to_json(), device, stem, cfg.timeout_s);
+          }
           const std::string status = cell["status"];
           std::printf("%lld:%s ", static_cast<long long>(bs), status.c_str());
           std::fflush(stdout);
@@ -296,17 +322,28 @@ json run_frontier(const json& spec, const std::vector<suites::Cell>& cells, cons
         },
         spec["start"], spec["limit"]);
     json entry{{"model", base.model}, {"precision", base.precision}, {"checkpoint", base.checkpoint},
+               {"parallel", base.parallel}, {"world_size", world},
                {"budget", budget}, {"largest_batch", f.largest_fit},
                {"first_failing_batch", f.first_fail > 0 ? json(f.first_fail) : json(nullptr)}};
     json tries = json::array();
     for (const auto& [bs, ok] : f.tries) tries.push_back({bs, tried[bs]["status"]});
     entry["tries"] = tries;
     entry["samples_per_s"] = nullptr;
+    entry["step_time_s"] = nullptr;
     entry["peak_bytes"] = nullptr;
+    entry["peak_rank"] = nullptr;
     if (f.largest_fit > 0) {
-      const json& m = tried[f.largest_fit]["metrics"];
+      const json& fit = tried[f.largest_fit];
+      const json& m = fit["metrics"];
       entry["samples_per_s"] = m["timing"]["samples_per_s"];
+      entry["step_time_s"] = reports::value_at(m, {"timing", "step_time_s", "p50"});
       entry["peak_bytes"] = m["memory"]["peak_bytes"];
+      entry["peak_rank"] = 0;
+      for (const auto& r : fit.value("ranks", json::array()))  // the largest rank's peak
+        if (r["peak_bytes"].is_number() && r["peak_bytes"].get<double>() > entry["peak_bytes"].get<double>()) {
+          entry["peak_bytes"] = r["peak_bytes"];
+          entry["peak_rank"] = r["rank"];
+        }
     }
     if (!error.empty()) entry["error"] = error;
     std::printf("-> %lld\n", static_cast<long long>(f.largest_fit));
@@ -342,6 +379,10 @@ int run_suite(const RunOptions& o) {
   if (o.repeat > 0) suite.repeat = o.repeat;
   const std::vector<suites::Cell> cells = suites::expand(suite, o.filter);
   if (cells.empty()) throw UsageError("no cell of suite '" + suite.name + "' matches --filter '" + o.filter + "'");
+  if (suite.frontier.is_object() && o.filter.empty())
+    for (const auto& n : suite.frontier.value("cells", json::array()))
+      if (std::none_of(cells.begin(), cells.end(), [&](const suites::Cell& c) { return c.name == n.get<std::string>(); }))
+        throw UsageError(suite.source + ": frontier.cells: no cell named '" + n.get<std::string>() + "'");
   // A device asked for by name that is not here is an error before anything runs, not a run whose
   // every cell is skipped (which a CI job would read as a pass).
   if (!o.device.empty() && o.device != "auto" && o.device != "cpu") {
@@ -460,7 +501,7 @@ int run_suite(const RunOptions& o) {
                                          : suite.frontier;
     const std::string budget = o.memory_budget.empty() ? spec["budget"].get<std::string>() : o.memory_budget;
     if (budget == "none") throw UsageError("the frontier needs a budget: [frontier] budget in the suite, or --memory-budget");
-    frontier = run_frontier(spec, cells, budget, out);
+    frontier = run_frontier(spec, cells, budget, out, external, o.nproc, launch, store);
   }
   const json report = reports::make_report(env, suite_json, results, frontier);
   reports::write_json_atomic(report_path, report);
@@ -474,6 +515,8 @@ int run_suite(const RunOptions& o) {
   }
   bool any_ran = false;
   for (const auto& c : results) {
+    // A pitfall's `wrong` cell is made to fail (an oom, a divergence): that is its result, not the run's.
+    if (reports::made_to_fail(report, c["name"])) continue;
     if (c["status"] != "ok" && c["status"] != "skipped") return 1;
     any_ran = any_ran || c["status"] == "ok";
   }

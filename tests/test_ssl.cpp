@@ -292,6 +292,67 @@ method = ["supervised", "simclr", "byol", "dino", "mae"]
   EXPECT_TRUE(report.contains("ssl"));
 }
 
+// The methods under the other axes: activation checkpointing recomputes the encoder's blocks without
+// changing the arithmetic (fp32, the same kernels on the same inputs, dropout-free blocks: the losses
+// agree to the last bits, 1e-6 relative leaves room for a summation order), and the autocast modes and
+// the emulated fp16 with its loss scaler train the views to a finite loss.
+TEST(SslCli, MethodsComposeWithPrecisionAndCheckpointing) {
+  const SuiteRun run = run_suite_text("ssl-axes", R"(
+name = "ssl-axes"
+[base]
+model = "vit-tiny"
+method = "simclr"
+data = "synthetic-images"
+batch_size = 32
+steps = 6
+warmup_steps = 0
+ssl_eval = "off"
+overflow_every = 3
+dino_prototypes = 64
+[axes]
+checkpoint = ["none", "full"]
+[[cells]]
+name = "simclr/bf16-mixed/every1"
+model = "vit-tiny"
+method = "simclr"
+precision = "bf16-mixed"
+checkpoint = "every:1"
+[[cells]]
+name = "byol/16-mixed"
+model = "cnn-tiny"
+method = "byol"
+precision = "16-mixed"
+[[cells]]
+name = "dino/bf16-mixed/full"
+model = "vit-tiny"
+method = "dino"
+precision = "bf16-mixed"
+checkpoint = "full"
+[[cells]]
+name = "mae/16-mixed/full"
+model = "vit-tiny"
+method = "mae"
+precision = "16-mixed"
+checkpoint = "full"
+)");
+  ASSERT_EQ(run.result.code, 0) << run.result.out;
+  const json& report = run.report;
+  const json none = cell_named(report, "ckpt-none"), full = cell_named(report, "ckpt-full");
+  ASSERT_EQ(none["status"], "ok") << none.dump().substr(0, 400);
+  ASSERT_EQ(full["status"], "ok") << full.dump().substr(0, 400);
+  const double l0 = none["metrics"]["quality"]["final_loss"], l1 = full["metrics"]["quality"]["final_loss"];
+  EXPECT_NEAR(l1, l0, 1e-6 * std::abs(l0));
+  EXPECT_LT(full["metrics"]["memory"]["activation_bytes"].get<double>(), none["metrics"]["memory"]["activation_bytes"].get<double>());
+  for (const std::string name : {"simclr/bf16-mixed/every1", "byol/16-mixed", "dino/bf16-mixed/full", "mae/16-mixed/full"}) {
+    const json c = cell_named(report, name);
+    ASSERT_EQ(c["status"], "ok") << name << ": " << c.value("reason", "");
+    EXPECT_TRUE(std::isfinite(c["metrics"]["quality"]["final_loss"].get<double>())) << name;
+  }
+  // The emulated fp16 cells ran with the loss scaler.
+  EXPECT_EQ(cell_named(report, "byol/16-mixed")["emulated"], true);
+  EXPECT_TRUE(cell_named(report, "mae/16-mixed/full")["metrics"]["overflow"].contains("scale_trajectory"));
+}
+
 // Under DDP: the gathered negatives and their fault, the teacher stream and its fault, the DINO centre
 // and synchronised projector BatchNorm, each visible in the report.
 TEST(SslCli, DistributedSslFaultsAreVisible) {

@@ -340,7 +340,8 @@ json run_frontier(const json& spec, const std::vector<suites::Cell>& cells, cons
       entry["peak_bytes"] = m["memory"]["peak_bytes"];
       entry["peak_rank"] = 0;
       for (const auto& r : fit.value("ranks", json::array()))  // the largest rank's peak
-        if (r["peak_bytes"].is_number() && r["peak_bytes"].get<double>() > entry["peak_bytes"].get<double>()) {
+        if (r["peak_bytes"].is_number() &&
+            (!entry["peak_bytes"].is_number() || r["peak_bytes"].get<double>() > entry["peak_bytes"].get<double>())) {
           entry["peak_bytes"] = r["peak_bytes"];
           entry["peak_rank"] = r["rank"];
         }

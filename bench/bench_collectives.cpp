@@ -5,7 +5,7 @@
 // rank's mean over the iterations; algbw = size / time, busbw = algbw x nccl-tests' factor
 // (probes/distributed/comm.hpp). Sizes follow nccl-tests: the per-rank buffer for all-reduce, the full buffer for
 // all-gather and reduce-scatter. On Gloo, all-gather and reduce-scatter run natively or emulated
-// (suites/comm.hpp); `both` measures the two, row by row, which is how the default was chosen.
+// (suites/parallel/comm.hpp); `both` measures the two, row by row, which is how the default was chosen.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,7 +17,7 @@
 #include "core/units.hpp"
 #include "probes/distributed/comm.hpp"
 #include "runners/process/launch.hpp"
-#include "suites/comm.hpp"
+#include "suites/parallel/comm.hpp"
 
 using namespace trainscope;
 

@@ -39,7 +39,7 @@ struct RunConfig {
   bool timeline = false;       // CUDA: the CUPTI timeline probe
   double sustain_window_s = 60.0;
   std::string model = "mlp";
-  std::string data = "auto";  // auto: the model's natural data (see suites/data.hpp)
+  std::string data = "auto";  // auto: the model's natural data (see suites/models/data.hpp)
   std::string precision = "32-true";
   std::string fp16 = "auto";  // 16-mixed on CPU: emulated | autocast (auto: emulated on CPU)
   std::string fp8_scaling = "current";  // fp8: current | delayed (amax history)

@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "core/hooks.hpp"
-#include "suites/comm.hpp"
-#include "suites/data.hpp"
-#include "suites/models.hpp"
-#include "suites/parallel.hpp"
-#include "suites/precision.hpp"
+#include "suites/parallel/comm.hpp"
+#include "suites/models/data.hpp"
+#include "suites/models/models.hpp"
+#include "suites/parallel/strategies.hpp"
+#include "suites/techniques/precision.hpp"
 #include "suites/ssl/methods.hpp"
 
 namespace trainscope::suites {

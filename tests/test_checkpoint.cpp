@@ -4,8 +4,8 @@
 #include "core/errors.hpp"
 #include "probes/step/memory.hpp"
 #include "runners/commands/frontier.hpp"
-#include "suites/checkpoint.hpp"
-#include "suites/models.hpp"
+#include "suites/techniques/checkpoint.hpp"
+#include "suites/models/models.hpp"
 
 using namespace trainscope;
 using namespace trainscope::suites;

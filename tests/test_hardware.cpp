@@ -13,7 +13,7 @@
 #include "probes/step/timing.hpp"
 #include "reports/report.hpp"
 #include "suites/hardware/measure.hpp"
-#include "suites/precision.hpp"
+#include "suites/techniques/precision.hpp"
 
 namespace trainscope::test {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "core/compat.hpp"
 #include "core/errors.hpp"
-#include "suites/data.hpp"
+#include "suites/models/data.hpp"
 #include "suites/train.hpp"
 
 using namespace trainscope;

@@ -21,7 +21,7 @@
 #include "probes/distributed/comm.hpp"
 #include "probes/distributed/rng.hpp"
 #include "runners/process/launch.hpp"
-#include "suites/parallel.hpp"
+#include "suites/parallel/strategies.hpp"
 #include "test_support.hpp"
 
 using namespace trainscope;

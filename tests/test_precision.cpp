@@ -5,7 +5,7 @@
 
 #include "probes/numerics/overflow.hpp"
 #include "reports/report.hpp"
-#include "suites/precision.hpp"
+#include "suites/techniques/precision.hpp"
 #include "suites/train.hpp"
 
 using namespace trainscope;

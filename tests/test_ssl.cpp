@@ -9,7 +9,7 @@
 
 #include "cli_support.hpp"
 #include "probes/ssl/health.hpp"
-#include "suites/comm.hpp"
+#include "suites/parallel/comm.hpp"
 #include "suites/ssl/augment.hpp"
 #include "suites/ssl/evaluate.hpp"
 #include "suites/ssl/methods.hpp"

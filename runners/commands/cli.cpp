@@ -24,7 +24,7 @@
 #include "runners/process/launch.hpp"
 #include "runners/commands/parity.hpp"
 #include "runners/commands/suite_run.hpp"
-#include "suites/data.hpp"
+#include "suites/models/data.hpp"
 #include "suites/hardware/measure.hpp"
 #include "suites/suite_file.hpp"
 #include "suites/train.hpp"

@@ -19,7 +19,7 @@
 #include "probes/step/timing.hpp"
 #include "probes/trace/trace.hpp"
 #include "reports/report.hpp"
-#include "suites/comm.hpp"
+#include "suites/parallel/comm.hpp"
 #include "suites/hardware/measure.hpp"
 #include "suites/ssl/evaluate.hpp"
 #include "suites/train.hpp"

@@ -5,7 +5,7 @@
 
 #include "core/datasheet.hpp"
 #include "core/stats.hpp"
-#include "suites/comm.hpp"
+#include "suites/parallel/comm.hpp"
 
 #ifdef TRAINSCOPE_TORCH_CUDA
 #include <ATen/cuda/CUDAContext.h>

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "suites/data.hpp"
+#include "suites/models/data.hpp"
 
 namespace trainscope::suites::ssl {
 

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "core/config.hpp"
-#include "suites/data.hpp"
-#include "suites/models.hpp"
+#include "suites/models/data.hpp"
+#include "suites/models/models.hpp"
 
 namespace trainscope::suites::ssl {
 

@@ -5,7 +5,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "core/errors.hpp"
-#include "suites/parallel.hpp"
+#include "suites/parallel/strategies.hpp"
 #include "suites/ssl/augment.hpp"
 
 namespace trainscope::suites::ssl {

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "core/config.hpp"
-#include "suites/comm.hpp"
-#include "suites/models.hpp"
+#include "suites/parallel/comm.hpp"
+#include "suites/models/models.hpp"
 
 namespace trainscope::suites::ssl {
 

@@ -1,4 +1,4 @@
-"""The reference models of suites/models.cpp written again in Python, module for module.
+"""The reference models of suites/models/models.cpp written again in Python, module for module.
 
 Names and parameter order match the C++ modules (fc0.weight, block1.qkv.bias, ...), so a state
 dumped by trainscope loads here by name. The forward passes use the same ATen ops in the same order:
@@ -24,7 +24,7 @@ PRESETS = {
 
 
 class CheckpointPolicy:
-    """none | full | every:k, as suites/checkpoint.hpp parses them (every:k checkpoints 0, k, 2k...)."""
+    """none | full | every:k, as suites/techniques/checkpoint.hpp parses them (every:k checkpoints 0, k, 2k...)."""
 
     def __init__(self, text="none"):
         self.every = 0

@@ -70,7 +70,7 @@ class Accounting:
 
 
 def storage_bytes(tensors):
-    """Bytes of the unique storages behind `tensors` (suites/parallel.cpp's storage_bytes)."""
+    """Bytes of the unique storages behind `tensors` (suites/parallel/strategies.cpp's storage_bytes)."""
     seen, total = set(), 0
     for t in tensors:
         if t is None:

@@ -1,4 +1,4 @@
-#include "suites/data.hpp"
+#include "suites/models/data.hpp"
 
 #include <sys/stat.h>
 #include <zlib.h>

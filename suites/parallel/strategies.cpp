@@ -1,4 +1,4 @@
-#include "suites/parallel.hpp"
+#include "suites/parallel/strategies.hpp"
 
 #include <atomic>
 #include <chrono>

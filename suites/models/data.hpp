@@ -4,7 +4,7 @@
 #include <memory>
 #include <string>
 
-#include "suites/models.hpp"
+#include "suites/models/models.hpp"
 
 namespace trainscope::suites {
 

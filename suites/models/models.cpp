@@ -1,9 +1,9 @@
-#include "suites/models.hpp"
+#include "suites/models/models.hpp"
 
 #include <cmath>
 
 #include "core/errors.hpp"
-#include "suites/precision.hpp"
+#include "suites/techniques/precision.hpp"
 
 namespace trainscope::suites {
 

@@ -1,4 +1,4 @@
-#include "suites/checkpoint.hpp"
+#include "suites/techniques/checkpoint.hpp"
 
 #include <mutex>
 

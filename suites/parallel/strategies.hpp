@@ -20,8 +20,8 @@
 #include <torch/torch.h>
 
 #include "core/hooks.hpp"
-#include "suites/comm.hpp"
-#include "suites/models.hpp"
+#include "suites/parallel/comm.hpp"
+#include "suites/models/models.hpp"
 
 namespace trainscope::suites {
 

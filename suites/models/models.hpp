@@ -14,7 +14,7 @@
 #include <torch/torch.h>
 
 #include "core/hooks.hpp"
-#include "suites/checkpoint.hpp"
+#include "suites/techniques/checkpoint.hpp"
 
 namespace trainscope::suites {
 
@@ -67,7 +67,7 @@ class ReferenceModel : public torch::nn::Module {
   using Boundary = std::function<torch::Tensor(const std::string& block, torch::Tensor x)>;
   virtual void set_boundary(Boundary b) { boundary_ = std::move(b); }
 
-  // Activation checkpointing of the model's blocks (suites/checkpoint.hpp).
+  // Activation checkpointing of the model's blocks (suites/techniques/checkpoint.hpp).
   virtual void set_checkpoint(const CheckpointPolicy& p) { checkpoint_ = p; }
   const CheckpointPolicy& checkpoint_policy() const { return checkpoint_; }
   // Forward FLOPs per sample of each checkpointable block, and of what `selective` recomputes, so

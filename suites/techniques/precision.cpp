@@ -1,4 +1,4 @@
-#include "suites/precision.hpp"
+#include "suites/techniques/precision.hpp"
 
 #include <algorithm>
 #include <deque>

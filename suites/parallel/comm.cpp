@@ -1,4 +1,4 @@
-#include "suites/comm.hpp"
+#include "suites/parallel/comm.hpp"
 
 #include <chrono>
 #include <cstdlib>

@@ -240,7 +240,7 @@ class Vit : public ReferenceModel, public PatchEncoder {
     embed_ = register_module("patch_embed", nn::Linear(p.seq_len * p.seq_len * s.channels, p.width));
     pos_ = register_parameter("pos_embed", torch::randn({1, patches_, p.width}) * 0.02);
     for (int64_t i = 0; i < p.layers; ++i)
-      blocks_.push_back(register_module("block" + std::to_string(i), std::make_shared<VitBlock>(p.width, p.heads)));
+      blocks_.push_back(register_module("block" + std::to_string(i), std::make_shared<TransformerBlock>(p.width, p.heads, 0.0, /*causal=*/false)));
     norm_ = register_module("norm", nn::LayerNorm(nn::LayerNormOptions({p.width})));
     head_ = register_module("head", nn::Linear(p.width, s.classes));
     classes_ = s.classes;
@@ -292,51 +292,11 @@ class Vit : public ReferenceModel, public PatchEncoder {
   int64_t channels_, patches_ = 0, classes_ = 0;
   nn::Linear embed_{nullptr}, head_{nullptr};
   torch::Tensor pos_;
-  std::vector<std::shared_ptr<VitBlock>> blocks_;
+  std::vector<std::shared_ptr<TransformerBlock>> blocks_;
   nn::LayerNorm norm_{nullptr};
 };
 
 // ---- GPT-style decoder ----------------------------------------------------------------------------
-class DecoderBlock : public nn::Module {
- public:
-  DecoderBlock(int64_t d, int64_t heads, double dropout) : heads_(heads), dropout_(dropout) {
-    ln1_ = register_module("ln1", nn::LayerNorm(nn::LayerNormOptions({d})));
-    qkv_ = register_module("qkv", nn::Linear(d, 3 * d));
-    proj_ = register_module("proj", nn::Linear(d, d));
-    ln2_ = register_module("ln2", nn::LayerNorm(nn::LayerNormOptions({d})));
-    fc_ = register_module("fc", nn::Linear(d, 4 * d));
-    fc_proj_ = register_module("fc_proj", nn::Linear(4 * d, d));
-  }
-  // x stays fp32 (the residual stream): LayerNorm is always fed fp32, as autocast's fp32 list wants.
-  torch::Tensor forward(const torch::Tensor& x) {
-    const int64_t B = x.size(0), S = x.size(1), D = x.size(2), Dh = D / heads_;
-    const auto qkv = linear(qkv_, ln1_->forward(x));
-    // The attention core: the S x S scores, softmax and dropout live only in here.
-    auto core = [this, B, S, D, Dh](const torch::Tensor& packed) {
-      auto heads = packed.view({B, S, 3, heads_, Dh}).permute({2, 0, 3, 1, 4});
-      auto q = heads[0], k = heads[1], v = heads[2];  // [B,H,S,Dh]
-      auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(Dh));
-      auto causal = torch::ones({S, S}, torch::TensorOptions().dtype(torch::kBool).device(packed.device())).triu(1);
-      auto att = torch::softmax(scores.masked_fill(causal, -std::numeric_limits<float>::infinity()), -1);
-      att = torch::dropout(att, dropout_, is_training());
-      return torch::matmul(att, v).transpose(1, 2).reshape({B, S, D});
-    };
-    const bool recompute_core = policy_.kind == CheckpointPolicy::Kind::Selective && is_training() && torch::GradMode::is_enabled();
-    auto y = recompute_core ? checkpoint(core, qkv, {}, policy_.restore_rng, policy_.check) : core(qkv);
-    auto h = x + torch::dropout(linear(proj_, y), dropout_, is_training());
-    auto m = linear(fc_proj_, torch::gelu(linear(fc_, ln2_->forward(h))));
-    return h + torch::dropout(m, dropout_, is_training());
-  }
-  void set_policy(const CheckpointPolicy& p) { policy_ = p; }
-
- private:
-  int64_t heads_;
-  double dropout_;
-  CheckpointPolicy policy_;
-  nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
-  nn::Linear qkv_{nullptr}, proj_{nullptr}, fc_{nullptr}, fc_proj_{nullptr};
-};
-
 class Gpt : public ReferenceModel {
  public:
   Gpt(const ModelPreset& p, const DataShape&) : p_(p) {
@@ -344,7 +304,7 @@ class Gpt : public ReferenceModel {
     pos_ = register_module("pos_emb", nn::Embedding(p.seq_len, p.width));
     for (int64_t i = 0; i < p.layers; ++i)
       blocks_.push_back(register_module("block" + std::to_string(i),
-                                        std::make_shared<DecoderBlock>(p.width, p.heads, p.dropout)));
+                                        std::make_shared<TransformerBlock>(p.width, p.heads, p.dropout, /*causal=*/true)));
     ln_f_ = register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({p.width})));
     for (auto& param : parameters()) {
       // GPT-2's initialisation: N(0, 0.02) for weights, zero biases (LayerNorm keeps ones/zeros).
@@ -397,13 +357,14 @@ class Gpt : public ReferenceModel {
  private:
   ModelPreset p_;
   nn::Embedding tok_{nullptr}, pos_{nullptr};
-  std::vector<std::shared_ptr<DecoderBlock>> blocks_;
+  std::vector<std::shared_ptr<TransformerBlock>> blocks_;
   nn::LayerNorm ln_f_{nullptr};
 };
 
 }  // namespace
 
-VitBlock::VitBlock(int64_t d, int64_t heads) : d_(d), heads_(heads) {
+TransformerBlock::TransformerBlock(int64_t d, int64_t heads, double dropout, bool causal)
+    : d_(d), heads_(heads), dropout_(dropout), causal_(causal) {
   ln1_ = register_module("ln1", nn::LayerNorm(nn::LayerNormOptions({d})));
   qkv_ = register_module("qkv", nn::Linear(d, 3 * d));
   proj_ = register_module("proj", nn::Linear(d, d));
@@ -412,15 +373,32 @@ VitBlock::VitBlock(int64_t d, int64_t heads) : d_(d), heads_(heads) {
   fc_proj_ = register_module("fc_proj", nn::Linear(4 * d, d));
 }
 
-torch::Tensor VitBlock::forward(const torch::Tensor& x) {
-  const int64_t B = x.size(0), L = x.size(1), Dh = d_ / heads_;
-  auto heads = linear(qkv_, ln1_->forward(x)).view({B, L, 3, heads_, Dh}).permute({2, 0, 3, 1, 4});
-  auto att = torch::softmax(torch::matmul(heads[0], heads[1].transpose(-2, -1)) / std::sqrt(static_cast<double>(Dh)), -1);
-  auto h = x + linear(proj_, torch::matmul(att, heads[2]).transpose(1, 2).reshape({B, L, d_}));
-  return h + linear(fc_proj_, torch::gelu(linear(fc_, ln2_->forward(h))));
+// x stays fp32 (the residual stream): LayerNorm is always fed fp32, as autocast's fp32 list wants.
+// Dropout at p = 0 returns its input without drawing, so the ViT's calls cost nothing.
+torch::Tensor TransformerBlock::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), S = x.size(1), D = x.size(2), Dh = D / heads_;
+  const auto qkv = linear(qkv_, ln1_->forward(x));
+  // The attention core: the S x S scores, softmax and dropout live only in here.
+  auto core = [this, B, S, D, Dh](const torch::Tensor& packed) {
+    auto heads = packed.view({B, S, 3, heads_, Dh}).permute({2, 0, 3, 1, 4});
+    auto q = heads[0], k = heads[1], v = heads[2];  // [B,H,S,Dh]
+    auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(Dh));
+    // The mask lives to the end of the core, as PyTorch's reference keeps it (the activation bytes
+    // are compared with it to the byte).
+    torch::Tensor causal;
+    if (causal_) causal = torch::ones({S, S}, torch::TensorOptions().dtype(torch::kBool).device(packed.device())).triu(1);
+    auto att = torch::softmax(causal_ ? scores.masked_fill(causal, -std::numeric_limits<float>::infinity()) : scores, -1);
+    att = torch::dropout(att, dropout_, is_training());
+    return torch::matmul(att, v).transpose(1, 2).reshape({B, S, D});
+  };
+  const bool recompute_core = policy_.kind == CheckpointPolicy::Kind::Selective && is_training() && torch::GradMode::is_enabled();
+  auto y = recompute_core ? checkpoint(core, qkv, {}, policy_.restore_rng, policy_.check) : core(qkv);
+  auto h = x + torch::dropout(linear(proj_, y), dropout_, is_training());
+  auto m = linear(fc_proj_, torch::gelu(linear(fc_, ln2_->forward(h))));
+  return h + torch::dropout(m, dropout_, is_training());
 }
 
-double VitBlock::forward_flops(int64_t tokens) const {
+double TransformerBlock::forward_flops(int64_t tokens) const {
   const double D = static_cast<double>(d_), L = static_cast<double>(tokens);
   return 2.0 * 12 * D * D * L + 4.0 * L * L * D;  // weight matmuls, then QK^T and AV
 }

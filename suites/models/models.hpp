@@ -110,15 +110,21 @@ class ReferenceModel : public torch::nn::Module {
 
 std::shared_ptr<ReferenceModel> make_model(const ModelPreset& preset, const DataShape& shape);
 
-// A pre-LN transformer block without a causal mask (ViT encoder, MAE decoder).
-class VitBlock : public torch::nn::Module {
+// A pre-norm transformer block (attention and a 4x MLP, each added to the residual stream): the GPT's
+// decoder block (causal, with dropout) and the ViT's encoder block (bidirectional, no dropout). With a
+// selective policy the attention core (scores, softmax, dropout) is recomputed in backward.
+class TransformerBlock : public torch::nn::Module {
  public:
-  VitBlock(int64_t d, int64_t heads);
+  TransformerBlock(int64_t d, int64_t heads, double dropout, bool causal);
   torch::Tensor forward(const torch::Tensor& x);  // [B, L, D]
   double forward_flops(int64_t tokens) const;     // per sample
+  void set_policy(const CheckpointPolicy& p) { policy_ = p; }
 
  private:
   int64_t d_, heads_;
+  double dropout_;
+  bool causal_;
+  CheckpointPolicy policy_;
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
   torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, fc_{nullptr}, fc_proj_{nullptr};
 };

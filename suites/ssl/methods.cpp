@@ -409,7 +409,7 @@ class Mae : public SslObjective {
     embed_ = register_module("decoder_embed", nn::Linear(D, Dd));
     mask_token_ = register_parameter("mask_token", torch::randn({1, 1, Dd}) * 0.02);
     pos_ = register_parameter("decoder_pos", torch::randn({1, L, Dd}) * 0.02);
-    for (int i = 0; i < 2; ++i) blocks_.push_back(register_module("decoder_block" + std::to_string(i), std::make_shared<VitBlock>(Dd, 4)));
+    for (int i = 0; i < 2; ++i) blocks_.push_back(register_module("decoder_block" + std::to_string(i), std::make_shared<TransformerBlock>(Dd, 4, 0.0, /*causal=*/false)));
     norm_ = register_module("decoder_norm", nn::LayerNorm(nn::LayerNormOptions({Dd})));
     pred_ = register_module("decoder_pred", nn::Linear(Dd, pp));
     double decoder = 2.0 * keep_ * D * Dd + 2.0 * L * Dd * pp;
@@ -460,7 +460,7 @@ class Mae : public SslObjective {
   int64_t keep_ = 1;
   nn::Linear embed_{nullptr}, pred_{nullptr};
   torch::Tensor mask_token_, pos_;
-  std::vector<std::shared_ptr<VitBlock>> blocks_;
+  std::vector<std::shared_ptr<TransformerBlock>> blocks_;
   nn::LayerNorm norm_{nullptr};
   double zero_loss_sum_ = 0;
   int64_t zero_loss_n_ = 0;

@@ -2,7 +2,9 @@
 //   trainscope_collectives [--nproc 2] [--min-bytes 1KiB] [--max-bytes 64MiB] [--backend gloo]
 //                          [--implementation default|native|emulated|both]
 // All-reduce, all-gather and reduce-scatter from min to max bytes (x4 per row); time is the slowest
-// rank's mean over the iterations; algbw = size / time, busbw = algbw x nccl-tests' factor
+// rank's mean over the iterations on the host clock (a device sync after each), clock(us) the mean
+// duration the communicator reports (on NCCL: CUDA events on NCCL's stream, so time - clock is the
+// launch and sync overhead); algbw = size / time, busbw = algbw x nccl-tests' factor
 // (probes/distributed/comm.hpp). Sizes follow nccl-tests: the per-rank buffer for all-reduce, the full buffer for
 // all-gather and reduce-scatter. On Gloo, all-gather and reduce-scatter run natively or emulated
 // (suites/parallel/comm.hpp); `both` measures the two, row by row, which is how the default was chosen.
@@ -49,8 +51,8 @@ int rank_main(int rank, int world, int port, const Options& opt) {
   if (rank == 0) {
     std::printf("# trainscope collectives: %d ranks, %s\n# default: %s\n#\n", world, backend.c_str(),
                 comm.implementation().c_str());
-    std::printf("# %12s %12s %6s %15s %9s %12s %12s %12s\n", "size(B)", "count", "type", "op", "impl", "time(us)",
-                "algbw(GB/s)", "busbw(GB/s)");
+    std::printf("# %12s %12s %6s %15s %9s %12s %12s %12s %12s\n", "size(B)", "count", "type", "op", "impl", "time(us)",
+                "algbw(GB/s)", "busbw(GB/s)", "clock(us)");
   }
   std::vector<std::pair<std::string, bool>> runs;  // (op, native flat collectives)
   for (const std::string op : {"all-reduce", "all-gather", "reduce-scatter"}) {
@@ -84,17 +86,23 @@ int rank_main(int rank, int world, int port, const Options& opt) {
       once();
       once();
       comm.barrier();
+      double clocked = 0;  // the communicator's durations: CUDA events on NCCL's stream, else the host's
+      comm.set_observer([&clocked](const CollectiveInfo& c) { clocked += c.seconds; });
       const double t0 = now_s();
       for (int i = 0; i < iters; ++i) once();
+      comm.set_observer(nullptr);
       if (device.is_cuda()) torch::cuda::synchronize(device.index());
       torch::Tensor t = torch::full({1}, (now_s() - t0) / iters, torch::TensorOptions().dtype(torch::kDouble).device(device));
       comm.all_reduce_max(t);  // the slowest rank's time
       const double secs = t.item<double>();
+      torch::Tensor c = torch::full({1}, clocked / iters, torch::TensorOptions().dtype(torch::kDouble).device(device));
+      comm.all_reduce_max(c);
+      const double clock_secs = c.item<double>();
       const double algbw = static_cast<double>(bytes) / secs / 1e9;
       if (rank == 0)
-        std::printf("  %12lld %12lld %6s %15s %9s %12.1f %12.3f %12.3f\n", static_cast<long long>(bytes),
+        std::printf("  %12lld %12lld %6s %15s %9s %12.1f %12.3f %12.3f %12.1f\n", static_cast<long long>(bytes),
                     static_cast<long long>(count), "float", op.c_str(), impl, secs * 1e6, algbw,
-                    algbw * probes::bus_factor(op, world));
+                    algbw * probes::bus_factor(op, world), clock_secs * 1e6);
     }
   }
   comm.barrier();

@@ -378,7 +378,10 @@ torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
   si.loss = loss.detach();
   hooks.step_end(si);
   current_step_ = -1;
-  if (Communicator* c = strategy_->comm()) c->set_step(-1);
+  if (Communicator* c = strategy_->comm()) {
+    c->flush();  // the step's bucket collectives, once the device clock has them
+    c->set_step(-1);
+  }
   return si.loss;
 }
 

@@ -14,13 +14,16 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "cli_support.hpp"
 #include "probes/distributed/comm.hpp"
 #include "probes/distributed/rng.hpp"
 #include "runners/process/launch.hpp"
+#include "suites/parallel/comm.hpp"
 #include "suites/parallel/strategies.hpp"
 #include "test_support.hpp"
 
@@ -292,6 +295,108 @@ parallel = ["zero1", "zero2"]
     EXPECT_GE(buckets, 2) << name;
     EXPECT_EQ(bucket_bytes, 120576 * 4) << name;  // every fp32 gradient of gpt-tiny, once
     EXPECT_GT(comm["overlap"].get<double>(), 0.0) << name;
+  }
+}
+
+// The device clock (NCCL's CUDA events on a GPU; here a fixed clock on Gloo's works): a blocking
+// collective reports the device time of its works, all of it exposed; an asynchronous one is held
+// until flush() and reported with the device time, its exposed part capped at it; a clock that throws
+// leaves the host's figure; without a clock report_after reports at once. 2^-7 s is exact in binary,
+// so sums of a few of them compare with ==.
+TEST(Parallel, DeviceClockTimesCollectivesAndHoldsAsyncOnesUntilFlush) {
+  constexpr double kTick = 1.0 / 128;
+  c10d::TCPStoreOptions opts;
+  opts.port = 0;
+  opts.isServer = true;
+  opts.waitWorkers = false;
+  auto server = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
+  const int port = server->getPort();
+  std::vector<CollectiveInfo> seen[2];
+  size_t before_flush[2] = {0, 0};
+  auto rank = [&](int r) {
+    suites::Communicator comm(suites::Rendezvous{"127.0.0.1", port, "clock", r, 2}, "gloo", torch::Device("cpu"), 30);
+    comm.set_observer([&seen, r](const CollectiveInfo& c) { seen[r].push_back(c); });
+    comm.set_device_clock([](const c10d::Work&) { return kTick; });
+    comm.set_step(3);
+    torch::Tensor t = torch::ones({1000});
+    comm.all_reduce(t, /*average=*/false);                        // 1 work
+    comm.broadcast({torch::ones({8}), torch::ones({4}), torch::ones({2})}, 0);  // 3 works
+    std::vector<torch::Tensor> v{torch::ones({16})};
+    auto work = comm.process_group()->allreduce(v);
+    work->wait();
+    comm.report_after(CollectiveInfo{"all-reduce", 64, 2, 9.0, 5.0, 3}, {work});
+    before_flush[r] = seen[r].size();
+    comm.flush();
+    comm.set_device_clock([](const c10d::Work&) -> double { throw std::runtime_error("no events"); });
+    comm.all_reduce(t, /*average=*/false);
+    comm.set_device_clock(nullptr);
+    comm.report_after(CollectiveInfo{"all-reduce", 64, 2, 9.0, 5.0, 4}, {work});
+  };
+  std::thread t0(rank, 0), t1(rank, 1);
+  t0.join();
+  t1.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(seen[r].size(), 5u) << r;
+    EXPECT_EQ(before_flush[r], 2u) << r;  // the asynchronous one waited for flush()
+    EXPECT_EQ(seen[r][0].seconds, kTick);
+    EXPECT_EQ(seen[r][0].exposed_s, kTick);
+    EXPECT_EQ(seen[r][0].bytes, 4000);
+    EXPECT_EQ(seen[r][1].op, "broadcast");
+    EXPECT_EQ(seen[r][1].seconds, 3 * kTick);
+    EXPECT_EQ(seen[r][2].seconds, kTick);
+    EXPECT_EQ(seen[r][2].exposed_s, kTick);  // min(host 5 s, device)
+    EXPECT_EQ(seen[r][2].step, 3);
+    EXPECT_GT(seen[r][2].end_s, 0.0);         // when the host had it, for the trace
+    EXPECT_NE(seen[r][3].seconds, kTick);     // the clock threw: the host's measurement
+    EXPECT_GT(seen[r][3].seconds, 0.0);
+    EXPECT_EQ(seen[r][4].seconds, 9.0);       // no clock: as given, at once
+    EXPECT_EQ(seen[r][4].step, 4);
+  }
+}
+
+// The same path through training: with the fixed clock every collective of ddp (the reducer's
+// buckets), zero2 (its per-owner reduces) and zero3 (blocking and prefetched gathers, reduce-scatter)
+// is reported with whole ticks, 1 to world_size per collective (Gloo emulates a flat all-gather with
+// one broadcast per rank, a zero2 bucket reduces to its 1 or 2 owners; a row's mean may mix the two),
+// and never exposes more than it took.
+TEST(Parallel, TrainingReportsTheDeviceClocksDurations) {
+  constexpr double kTick = 1.0 / 128;
+  setenv("TRAINSCOPE_FAKE_DEVICE_CLOCK_S", "0.0078125", 1);
+  const auto run = run_suite_text("device-clock", R"(
+name = "device-clock"
+[base]
+model = "gpt-tiny"
+batch_size = 4
+warmup_steps = 1
+steps = 3
+eval = false
+overflow_every = 0
+world_size = 2
+bucket_mb = 0.25
+[axes]
+parallel = ["ddp", "zero2", "zero3"]
+)", "--nproc 2");
+  unsetenv("TRAINSCOPE_FAKE_DEVICE_CLOCK_S");
+  ASSERT_EQ(run.result.code, 0) << run.result.out;
+  for (const std::string name : {"ddp", "zero2", "zero3"}) {
+    const json comm = cell_named(run.report, name)["metrics"]["comm"];
+    EXPECT_NE(comm["implementation"].get<std::string>().find("fixed device clock"), std::string::npos) << comm.dump();
+    ASSERT_FALSE(comm["collectives"].empty()) << name;
+    double per_step = 0;
+    for (const auto& c : comm["collectives"]) {
+      const double ticks = c["time_s"].get<double>() / kTick;  // a mean over the row's count
+      const double total = ticks * c["count"].get<double>();
+      EXPECT_NEAR(total, std::round(total), 1e-9) << name << ": " << c.dump();
+      EXPECT_GE(ticks, 1.0) << name << ": " << c.dump();
+      EXPECT_LE(ticks, 2.0) << name << ": " << c.dump();
+      if (name == "ddp") {
+        EXPECT_EQ(ticks, 1.0) << c.dump();  // one all-reduce per bucket
+      }
+      per_step += c["time_s"].get<double>() * c["count"].get<double>() / 3;
+    }
+    EXPECT_NEAR(comm["comm_time_s"].get<double>(), per_step, 1e-12) << name;
+    EXPECT_LE(comm["exposed_comm_time_s"].get<double>(), comm["comm_time_s"].get<double>()) << name;
+    EXPECT_GE(comm["overlap"].get<double>(), 0.0) << name;
   }
 }
 

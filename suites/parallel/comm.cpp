@@ -1,7 +1,9 @@
 #include "suites/parallel/comm.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <iostream>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -60,6 +62,9 @@ Communicator::Communicator(const Rendezvous& rv, const std::string& backend, con
     auto o = c10d::ProcessGroupNCCL::Options::create();
     o->timeout = timeout;
     auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store_, rank_, world_, o);
+    // CUDA events around every collective on NCCL's stream: its device duration (Work::getDuration).
+    nccl->enableCollectivesTiming();
+    device_clock_ = [](const c10d::Work& w) { return static_cast<double>(w.getDuration()) / 1e3; };
     pg_ = compat::as_process_group<c10d::ProcessGroup>(nccl, store_, rank_, world_, true);
 #else
     throw UsageError("this build has no NCCL (a CUDA LibTorch built with NCCL is needed)");
@@ -69,29 +74,100 @@ Communicator::Communicator(const Rendezvous& rv, const std::string& backend, con
     o->devices.push_back(gloo_device(rv.host));
     auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank_, world_, o);
     pg_ = compat::as_process_group<c10d::ProcessGroup>(gloo, store_, rank_, world_, false);
+    // For the tests of the device-clock path on a machine without one: every Work "ran" this long.
+    if (const char* fake = std::getenv("TRAINSCOPE_FAKE_DEVICE_CLOCK_S"); fake && *fake) {
+      char* end = nullptr;
+      const double s = std::strtod(fake, &end);
+      if (end == fake || *end != '\0' || !(s >= 0))
+        throw UsageError(std::string("TRAINSCOPE_FAKE_DEVICE_CLOCK_S must be seconds, not '") + fake + "'");
+      device_clock_ = [s](const c10d::Work&) { return s; };
+    }
   }
 }
 
 Communicator::~Communicator() = default;
 
 std::string Communicator::implementation() const {
+  const std::string clock = !device_timed()    ? "; timed by the host clock"
+                            : backend_ == "nccl" ? "; timed by CUDA events on NCCL's stream"
+                                                 : "; timed by a fixed device clock (TRAINSCOPE_FAKE_DEVICE_CLOCK_S)";
   if (native_flat_)
-    return backend_ + ": native all-reduce, broadcast, all-gather (_allgather_base), reduce-scatter (_reduce_scatter_base)";
+    return backend_ + ": native all-reduce, broadcast, all-gather (_allgather_base), reduce-scatter (_reduce_scatter_base)" +
+           clock;
   return backend_ + ": native all-reduce and broadcast; all-gather as one broadcast per rank; reduce-scatter as "
-                    "all-reduce + slice";
+                    "all-reduce + slice" + clock;
 }
 
 void Communicator::wait(const c10::intrusive_ptr<c10d::Work>& w) {
   w->wait();
   // NCCL's wait only orders the streams; the host clock needs the device to finish.
   if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+  if (collecting_ && device_clock_) waited_.push_back(w);
+}
+
+// Negative when the device clock cannot tell (its events missing): the caller keeps the host's figure.
+double Communicator::device_seconds(const std::vector<c10::intrusive_ptr<c10d::Work>>& works) const {
+  double s = 0;
+  try {
+    for (const auto& w : works) s += device_clock_(*w);
+  } catch (const std::exception& e) {
+    static bool said = false;
+    if (!said) {
+      said = true;
+      const std::string what = e.what();
+      std::cerr << "trainscope: collective durations fall back to the host clock: " << what.substr(0, what.find('\n'))
+                << "\n";
+    }
+    return -1;
+  }
+  return s;
 }
 
 void Communicator::timed(const std::string& op, int64_t bytes, const std::function<void()>& body, bool record) {
+  waited_.clear();
+  collecting_ = true;
   const double t0 = now_s();
-  body();
+  try {
+    body();
+  } catch (...) {
+    collecting_ = false;
+    throw;
+  }
   const double dt = now_s() - t0;
-  if (record) report(CollectiveInfo{op, bytes, world_, dt, dt, step_});
+  collecting_ = false;
+  // Blocking: the caller waited for all of it, so all of it is exposed, whichever clock measured it.
+  const double device = device_clock_ && !waited_.empty() ? device_seconds(waited_) : -1;
+  waited_.clear();
+  const double seconds = device >= 0 ? device : dt;
+  if (record) report(CollectiveInfo{op, bytes, world_, seconds, seconds, step_});
+}
+
+void Communicator::report_after(CollectiveInfo c, std::vector<c10::intrusive_ptr<c10d::Work>> works) {
+  if (!device_clock_ || works.empty()) {
+    report(c);
+    return;
+  }
+  if (c.end_s <= 0) c.end_s = now_s();
+  held_.emplace_back(std::move(c), std::move(works));
+}
+
+void Communicator::flush() {
+  if (held_.empty()) return;
+  bool running = false;
+  for (const auto& [c, works] : held_)
+    for (const auto& w : works) running = running || !w->isCompleted();
+  if (running && device_.is_cuda()) torch::cuda::synchronize(device_.index());
+  for (auto& [c, works] : held_) {
+    if (running && !device_.is_cuda())
+      for (const auto& w : works) w->wait();
+    const double device = device_seconds(works);
+    if (device >= 0) {
+      c.seconds = device;
+      c.exposed_s = std::min(c.exposed_s, device);
+    }
+    report(c);
+  }
+  held_.clear();
 }
 
 void Communicator::all_reduce(torch::Tensor& t, bool average, bool record) {
@@ -160,8 +236,15 @@ void PendingCollective::wait() {
   const double t1 = now_s();
   // Launch to completion: the last work's callback, or t1 (when the host saw it) if none ran.
   const double done = finished_->load();
-  const double exposed = launch_s_ + (t1 - t0);  // launching and waiting held the caller up
-  const double seconds = std::max((done > launched_ ? std::min(done, t1) : t1) - launched_, exposed);
+  double exposed = launch_s_ + (t1 - t0);  // launching and waiting held the caller up
+  double seconds = std::max((done > launched_ ? std::min(done, t1) : t1) - launched_, exposed);
+  if (comm_->device_clock_) {
+    // The device's time for the gather; the host's wait also covered the compute queued before it.
+    if (const double device = comm_->device_seconds(works_); device >= 0) {
+      seconds = device;
+      exposed = std::min(exposed, device);
+    }
+  }
   comm_->report(CollectiveInfo{op_, bytes_, comm_->world_size(), seconds, exposed, step_, launched_ + seconds});
 }
 

@@ -7,10 +7,16 @@
 // also be emulated with the collectives Gloo has always had (one broadcast per rank; all-reduce +
 // slice); which one runs is a setting, defaulted to the faster on this machine's measurement
 // (trainscope_collectives --implementation both), and implementation() names it in the report.
+//
+// Durations: on Gloo the host clock (Gloo's collectives run on its threads and finish before the
+// future does). On NCCL the host only sees launches, so each collective's duration comes from c10d's
+// own CUDA events, recorded on NCCL's stream before and after the kernel (TORCH_NCCL_ENABLE_TIMING's
+// mechanism, `Work::getDuration`), as nccl-tests times on the stream it runs on.
 #include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -71,6 +77,18 @@ class Communicator {
     if (observer_) observer_(c);
   }
 
+  // Whether durations come from a device clock (NCCL's CUDA events) rather than the host's.
+  bool device_timed() const { return static_cast<bool>(device_clock_); }
+  // Replaces the device clock: seconds one completed Work ran for (tests drive the deferred path with
+  // it on Gloo; an empty function goes back to the host clock).
+  void set_device_clock(std::function<double(const c10d::Work&)> clock) { device_clock_ = std::move(clock); }
+  // Asynchronous collectives (the gradient buckets): reports c at once on the host clock; with a
+  // device clock, holds it until flush(), when its works have run, and reports their device time
+  // (their sum: one stream runs them one after the other) with the exposed part capped at it.
+  void report_after(CollectiveInfo c, std::vector<c10::intrusive_ptr<c10d::Work>> works);
+  // Reports what report_after holds, first waiting for the device when some of it is still running.
+  void flush();
+
   // In place; average divides by the world size after summing. record=false keeps the run's own
   // bookkeeping (the loss it logs) out of the training's communication.
   void all_reduce(torch::Tensor& t, bool average, bool record = true);
@@ -91,6 +109,7 @@ class Communicator {
  private:
   friend class PendingCollective;
   void wait(const c10::intrusive_ptr<c10d::Work>& w);
+  double device_seconds(const std::vector<c10::intrusive_ptr<c10d::Work>>& works) const;
   void timed(const std::string& op, int64_t bytes, const std::function<void()>& body, bool record = true);
 
   int rank_ = 0, world_ = 1;
@@ -101,6 +120,10 @@ class Communicator {
   std::function<void(const CollectiveInfo&)> observer_;
   int64_t step_ = -1;
   bool native_flat_ = true;
+  std::function<double(const c10d::Work&)> device_clock_;
+  bool collecting_ = false;                             // inside timed(): wait() keeps the works
+  std::vector<c10::intrusive_ptr<c10d::Work>> waited_;  // the works of the blocking collective in progress
+  std::vector<std::pair<CollectiveInfo, std::vector<c10::intrusive_ptr<c10d::Work>>>> held_;
 };
 
 }  // namespace trainscope::suites

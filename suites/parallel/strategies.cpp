@@ -102,6 +102,7 @@ void broadcast_buffers(Communicator& comm, ReferenceModel& model) {
 struct BucketRecord {
   int64_t bytes = 0;
   double start = 0, end = 0;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;  // for the device clock (NCCL's CUDA events)
 };
 
 struct TimedAllReduce : c10d::CommHookInterface {
@@ -115,11 +116,16 @@ struct TimedAllReduce : c10d::CommHookInterface {
     buf.div_(world);
     const size_t index = [&] {
       std::lock_guard<std::mutex> lock(*mu);
-      records->push_back({bytes_of(buf), now_s(), 0});
+      records->push_back({bytes_of(buf), now_s(), 0, {}});
       return records->size() - 1;
     }();
     std::vector<torch::Tensor> v{buf};
-    auto fut = pg->allreduce(v)->getFuture();
+    auto work = pg->allreduce(v);
+    auto fut = work->getFuture();
+    {
+      std::lock_guard<std::mutex> lock(*mu);
+      (*records)[index].works.push_back(work);
+    }
     auto mu_ = mu;
     auto rec = records;
     return fut->then(
@@ -138,8 +144,10 @@ struct TimedAllReduce : c10d::CommHookInterface {
 
 // Reports a backward's bucket collectives once backward() has returned (having waited for every
 // bucket). What came after the last launch (the last gradient ready) was the step waiting on
-// communication: the exposed part, charged to the last bucket.
-void report_buckets(Communicator& comm, const std::string& op, const std::vector<BucketRecord>& recs,
+// communication: the exposed part, charged to the last bucket. On NCCL the host saw only launches:
+// the durations wait for the device clock (Communicator::report_after), and the device timeline
+// (`timeline = true`) has the exposed part.
+void report_buckets(Communicator& comm, const std::string& op, std::vector<BucketRecord>& recs,
                     double backward_end) {
   double last_launch = 0, last_end = 0;
   for (const auto& r : recs) {
@@ -150,7 +158,7 @@ void report_buckets(Communicator& comm, const std::string& op, const std::vector
   for (size_t i = 0; i < recs.size(); ++i) {
     CollectiveInfo c{op, recs[i].bytes, comm.world_size(), std::max(0.0, recs[i].end - recs[i].start),
                      i + 1 == recs.size() ? exposed : 0.0, comm.step(), recs[i].end};
-    comm.report(c);
+    comm.report_after(c, std::move(recs[i].works));
   }
 }
 
@@ -306,7 +314,7 @@ class BucketedReduceScatter {
     while (st.next < st.buckets.size() && (all || st.remaining[st.next] == 0)) {
       const size_t index = st.next++;
       const Bucket& b = st.buckets[index];
-      st.records.push_back({(b.end - b.begin) * elem, now_s(), 0});
+      st.records.push_back({(b.end - b.begin) * elem, now_s(), 0, {}});
       for (int r = 0; r < comm_.world_size(); ++r) {
         const int64_t lo = std::max(b.begin, r * shard), hi = std::min(b.end, (r + 1) * shard);
         if (lo >= hi) continue;
@@ -314,6 +322,7 @@ class BucketedReduceScatter {
         c10d::ReduceOptions o;
         o.rootRank = r;
         auto work = comm_.process_group()->reduce(part, o);
+        st.records.back().works.push_back(work);
         std::weak_ptr<State> weak = state_;
         work->getFuture()->addCallback([weak, index](c10::ivalue::Future&) {
           if (auto s = weak.lock()) {

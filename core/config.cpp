@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/errors.hpp"
+#include "core/model_shape.hpp"
 #include "core/units.hpp"
 
 namespace trainscope {
@@ -27,12 +28,32 @@ std::string describe(const json& v) { return v.is_string() ? v.get<std::string>(
 
 const std::vector<KeySpec>& config_keys() {
   static const std::vector<KeySpec> keys = {
-      {"model", KeyKind::Choice,
-       {"mlp-tiny", "mlp", "mlp-large", "cnn-tiny", "cnn-small", "cnn", "resnet18", "vit-tiny", "vit-small", "gpt-tiny", "gpt-small",
-        "gpt-125m", "gpt-1b"},
-       "mlp", "reference model preset (trainscope list shows sizes)"},
-      {"data", KeyKind::Choice, {"auto", "fashion-mnist", "synthetic-images", "synthetic-tokens"},
-       "auto", "data source; auto: Fashion-MNIST for MLP/CNN, synthetic tokens for GPT"},
+      {"model", KeyKind::String, {}, "mlp",
+       "reference model: a preset (trainscope list shows them with their sizes) or a model a suite defines by its "
+       "dimensions under [models.NAME]"},
+      {"family", KeyKind::Choice, {"preset", "gpt", "llama", "vit"}, "preset",
+       "a model of your own: its family (gpt, llama or vit); preset: the named preset's"},
+      {"layers", KeyKind::Int, {}, 0, "transformer blocks; 0: the preset's", 0},
+      {"d_model", KeyKind::Int, {}, 0, "model width D; 0: the preset's", 0},
+      {"heads", KeyKind::Int, {}, 0, "attention heads (must divide d_model); 0: the preset's", 0},
+      {"kv_heads", KeyKind::Int, {}, 0, "llama: key/value heads of grouped-query attention (must divide heads); 0: the preset's", 0},
+      {"ffn", KeyKind::Int, {}, 0, "llama: SwiGLU hidden size; 0: the preset's (gpt and vit use 4 x d_model)", 0},
+      {"seq_len", KeyKind::Int, {}, 0, "language models: tokens per sample (vit: the patch size); 0: the preset's", 0},
+      {"vocab", KeyKind::Int, {}, 0, "language models: vocabulary size; 0: the preset's", 0},
+      {"tied", KeyKind::Choice, {"preset", "true", "false"}, "preset",
+       "llama: the LM head is the token embedding's matrix (gpt: always)"},
+      {"rope_theta", KeyKind::Float, {}, 0.0, "llama: RoPE base; 0: the preset's (500000)", 0},
+      {"rope_factor", KeyKind::Float, {}, 0.0, "llama: Llama 3 RoPE frequency scaling factor (1: none); 0: the preset's", 0},
+      {"rope_low_freq_factor", KeyKind::Float, {}, 0.0, "llama: RoPE scaling's low-frequency factor; 0: the preset's (1)", 0},
+      {"rope_high_freq_factor", KeyKind::Float, {}, 0.0, "llama: RoPE scaling's high-frequency factor; 0: the preset's (4)", 0},
+      {"rope_original_ctx", KeyKind::Int, {}, 0, "llama: RoPE scaling's original context length; 0: the preset's (8192)", 0},
+      {"norm_eps", KeyKind::Float, {}, 0.0, "llama: RMSNorm epsilon; 0: the preset's (1e-5)", 0},
+      {"attention", KeyKind::Choice, {"auto", "eager", "sdpa"}, "auto",
+       "attention of gpt, llama and vit: eager (matmul, mask, softmax, matmul) or sdpa (at::scaled_dot_product_attention: "
+       "flash / memory-efficient / cuDNN kernels on CUDA); auto: sdpa on CUDA, and on CPU from seq_len 256 (measured, README)"},
+      {"data", KeyKind::Choice, {"auto", "fashion-mnist", "synthetic-images", "synthetic-tokens", "text"},
+       "auto", "data source; auto: Fashion-MNIST for image models, synthetic tokens for GPT, text for Llama; text: "
+       "English from Debian's fortunes as byte-level tokens (vocab >= 256)"},
       {"precision", KeyKind::Choice,
        {"32-true", "tf32", "bf16-mixed", "16-mixed", "16-mixed-noscale", "bf16-true", "64-true", "fp8"}, "32-true",
        "numeric precision (Lightning's names; 16-mixed is emulated on CPU unless fp16 = autocast; 64-true: fp64 "
@@ -61,7 +82,7 @@ const std::vector<KeySpec>& config_keys() {
       {"checkpoint", KeyKind::String, {}, "none", "activation checkpointing: none, full, every:<k>, selective"},
       {"checkpoint_check", KeyKind::Bool, {}, false,
        "compare every recomputed block output with the original (determinism check)"},
-      {"dropout", KeyKind::Float, {}, 0.0, "dropout probability in the GPT blocks", 0},
+      {"dropout", KeyKind::Float, {}, 0.0, "dropout probability in the GPT blocks (Llama 3 has none)", 0},
       {"memory_budget", KeyKind::String, {}, "none",
        "refuse allocations past this many bytes (\"64MiB\", \"2GB\"): the cell ends as oom; none: no budget"},
       {"method", KeyKind::Choice, {"supervised", "simclr", "byol", "dino", "mae"}, "supervised",
@@ -171,6 +192,8 @@ json validate_value(const std::string& key, const json& value) {
   auto bad = [&](const std::string& want) {
     return UsageError("bad value " + describe(value) + " for '" + key + "': " + want);
   };
+  // TOML's booleans for `tied` (true, false) as the choice's words.
+  if (key == "tied" && value.is_boolean()) return json(value.get<bool>() ? "true" : "false");
   switch (spec.kind) {
     case KeyKind::Choice: {
       if (value.is_string())
@@ -201,6 +224,11 @@ json validate_value(const std::string& key, const json& value) {
         if (!parse_fractions(value.get<std::string>(), f))
           throw UsageError("bad value '" + value.get<std::string>() +
                            "' for 'label_fractions': expected comma-separated fractions in (0, 1], such as 0.01,0.1,1");
+      }
+      if (key == "model") {
+        const std::string m = value.get<std::string>();
+        if (m.empty() || m.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789._-") != std::string::npos)
+          throw UsageError("bad model name '" + m + "': lower-case letters, digits, '.', '_' and '-'");
       }
       if (key == "device") {
         const std::string d = value.get<std::string>();
@@ -265,6 +293,22 @@ json parse_value(const std::string& key, const std::string& text) {
 template <typename Config, typename Visit>
 static void for_each_field(Config& c, Visit&& v) {
   v("model", c.model);
+  v("family", c.family);
+  v("layers", c.layers);
+  v("d_model", c.d_model);
+  v("heads", c.heads);
+  v("kv_heads", c.kv_heads);
+  v("ffn", c.ffn);
+  v("seq_len", c.seq_len);
+  v("vocab", c.vocab);
+  v("tied", c.tied);
+  v("rope_theta", c.rope_theta);
+  v("rope_factor", c.rope_factor);
+  v("rope_low_freq_factor", c.rope_low_freq_factor);
+  v("rope_high_freq_factor", c.rope_high_freq_factor);
+  v("rope_original_ctx", c.rope_original_ctx);
+  v("norm_eps", c.norm_eps);
+  v("attention", c.attention);
   v("data", c.data);
   v("precision", c.precision);
   v("fp16", c.fp16);
@@ -348,6 +392,7 @@ RunConfig RunConfig::from_json(const json& j) {
   json merged = c.to_json();
   for (auto it = j.begin(); it != j.end(); ++it) merged[it.key()] = validate_value(it.key(), it.value());
   for_each_field(c, [&](const char* key, auto& field) { merged.at(key).get_to(field); });
+  resolve_model(c);  // an unknown model or inconsistent dimensions: one line, before anything runs
   return c;
 }
 
@@ -396,7 +441,7 @@ int64_t memory_budget_bytes(const RunConfig& c) {
 std::string axis_label(const std::string& key, const json& value) {
   const std::string v = describe(value);
   if (key == "model" || key == "precision" || key == "parallel" || key == "method" || key == "data" ||
-      key == "optimizer" || key == "device")
+      key == "optimizer" || key == "device" || key == "attention")
     return v;
   if (key == "batch_size") return "bs" + v;
   if (key == "checkpoint") return "ckpt-" + v;

@@ -38,7 +38,15 @@ struct RunConfig {
   bool thorough = false;       // gemm-peak: the long sweep
   bool timeline = false;       // CUDA: the CUPTI timeline probe
   double sustain_window_s = 60.0;
-  std::string model = "mlp";
+  std::string model = "mlp";  // a preset, or a model the dimension keys below define (core/model_shape.hpp)
+  // The model's dimensions: 0 (or "preset") keeps the preset's; a suite's [models.NAME] sets them all.
+  std::string family = "preset";
+  int64_t layers = 0, d_model = 0, heads = 0, kv_heads = 0, ffn = 0, seq_len = 0, vocab = 0;
+  std::string tied = "preset";
+  double rope_theta = 0, rope_factor = 0, rope_low_freq_factor = 0, rope_high_freq_factor = 0;
+  int64_t rope_original_ctx = 0;
+  double norm_eps = 0;
+  std::string attention = "auto";  // eager | sdpa | auto (core/model_shape.hpp: resolve_attention)
   std::string data = "auto";  // auto: the model's natural data (see suites/models/data.hpp)
   std::string precision = "32-true";
   std::string fp16 = "auto";  // 16-mixed on CPU: emulated | autocast (auto: emulated on CPU)

@@ -21,6 +21,9 @@ struct RunInfo {
   std::string model_name;
   int64_t parameters = 0;            // trainable parameter count
   double flops_per_sample = 0;       // analytic training FLOPs (forward + backward) per sample
+  // Decoders: the convention flops_per_sample follows (full attention), and the causal count beside it.
+  std::string flops_convention;
+  double causal_flops_per_sample = 0;
   double recompute_flops_per_sample = 0;  // forward FLOPs that activation checkpointing repeats
   int64_t tokens_per_sample = 0;     // 0 for non-sequence models
   double peak_flops_per_s = 0;       // measured GEMM peak of the compute dtype; 0 when unknown

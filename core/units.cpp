@@ -13,6 +13,15 @@ std::string format_fixed(double v, int decimals) {
   return buf;
 }
 
+std::string with_thousands(int64_t n) {
+  std::string digits = std::to_string(n < 0 ? -n : n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return (n < 0 ? "-" : "") + out;
+}
+
 std::string format_signed_pct(double pct, int decimals) {
   return (pct >= 0 ? "+" : "-") + format_fixed(std::fabs(pct), decimals) + "%";
 }

@@ -4,7 +4,7 @@
 #   versions and `trainscope env`; the quick suite on cuda; the precision suite's GPU cells (tf32,
 #   bf16-mixed, real 16-mixed); a checkpointing pair with the caching allocator's statistics; NCCL
 #   with one rank (and the parallel suite over NCCL with two GPUs or more); `trainscope peak`, the
-#   hardware suite and a cell with the CUPTI timeline.
+#   hardware suite, a cell with the CUPTI timeline, and llama3-1b in bf16 on SDPA and eager attention.
 # Every output goes under one folder, OUT (default results/gpu-check-<UTC time>), with summary.txt
 # listing each step's exit code and time. A failing step is recorded and the next one runs.
 #
@@ -111,6 +111,26 @@ timeline = true
 precision = ["bf16-mixed"]
 EOF
 step timeline "$ts" run --suite "$OUT/timeline.toml" --device cuda --out "$OUT/timeline"
+# Llama 3.2 1B in bf16 autocast, SDPA (the cell reports which kernel ran: flash, efficient or cudnn)
+# against eager attention: step time, MFU on both FLOP conventions, the caching allocator's peak.
+cat > "$OUT/llama.toml" <<'EOF'
+name = "gpu-llama"
+description = "llama3-1b, bf16-mixed, SDPA against eager attention, seq 2048"
+[base]
+model = "llama3-1b"
+seq_len = 2048
+data = "synthetic-tokens"
+precision = "bf16-mixed"
+batch_size = 2
+warmup_steps = 3
+steps = 10
+eval = false
+overflow_every = 0
+time_budget_s = 60
+[axes]
+attention = ["sdpa", "eager"]
+EOF
+step llama "$ts" run --suite "$OUT/llama.toml" --device cuda --out "$OUT/llama"
 if [ "${gpus:-0}" -ge 2 ]; then
   step nccl-ranks "$BUILD/bench/trainscope_collectives" --nproc "$gpus" --backend nccl --max-bytes 256MiB
   step parallel "$ts" run --suite parallel --device cuda --nproc "$gpus" --out "$OUT/parallel"

@@ -21,6 +21,7 @@ packages=(
   iproute2                        # `ss`: the test of what a local run listens on
   libjs-chart.js                  # Chart.js, inlined into report.html (read at render time)
   chromium                        # headless: the test that report.html draws its charts offline
+  fortunes                        # English text (data = text): byte-level tokens for the language models
 )
 
 missing=()
@@ -62,5 +63,24 @@ else
   "$venv/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '$pin', torch.__version__"
   touch "$venv/.trainscope-ok"
   echo "install-deps: torch $pin installed in $(( $(date +%s) - start )) s ($(du -sh "$venv" | cut -f1))"
+fi
+
+# 3. The Python reference packages of `trainscope parity` (scripts/reference-packages.txt), pinned, into
+#    the same environment, with torch and numpy held where they are by a constraints file. Redone only
+#    when the pins change (the marker holds the pins it installed).
+pins="$here/reference-packages.txt"
+marker="$venv/.trainscope-reference-packages"
+if [ "${TRAINSCOPE_SKIP_REFERENCE_PACKAGES:-0}" = 1 ]; then
+  echo "install-deps: reference packages skipped (TRAINSCOPE_SKIP_REFERENCE_PACKAGES=1)"
+elif [ -f "$marker" ] && cmp -s "$marker" "$pins"; then
+  echo "install-deps: reference packages present ($(grep -v '^#' "$pins" | tr '\n' ' '))"
+else
+  echo "install-deps: installing the reference packages: $(grep -v '^#' "$pins" | tr '\n' ' ')"
+  constraints=$(mktemp)
+  "$venv/bin/pip" freeze --disable-pip-version-check | grep -Ei '^(torch|numpy)==' > "$constraints"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir -c "$constraints" -r "$pins"
+  rm -f "$constraints"
+  "$venv/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '$pin', torch.__version__"
+  cp "$pins" "$marker"
 fi
 echo "$venv"

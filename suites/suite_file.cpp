@@ -9,6 +9,7 @@
 
 #include "core/build_info.hpp"
 #include "core/errors.hpp"
+#include "core/model_shape.hpp"
 
 namespace trainscope::suites {
 namespace {
@@ -185,6 +186,20 @@ Suite parse_suite(const std::string& text, const std::string& origin) {
         t.erase("name");
         s.extra_cells.emplace_back(cell_name, settings_table(t, at));
       }
+    } else if (key == "models") {
+      const auto& dims = model_dimension_keys();
+      for (const auto& [name, table] : in_file_order(as_table(*node, where))) {
+        const std::string at = where + "." + name;
+        validate_value("model", name);
+        if (find_model_preset(name)) throw UsageError(at + ": '" + name + "' is a preset's name; give your model a name of its own");
+        const json def = settings_table(as_table(*table, at), at);
+        for (auto it = def.begin(); it != def.end(); ++it)
+          if (std::find(dims.begin(), dims.end(), it.key()) == dims.end())
+            throw UsageError(at + "." + it.key() + ": not a model dimension (allowed: " + join_names(dims) + ")");
+        if (!def.contains("family") || def["family"] == "preset")
+          throw UsageError(at + ": a model of your own needs its family (gpt, llama or vit)");
+        s.models[name] = def;
+      }
     } else if (key == "pitfalls") {
       const toml::array* arr = node->as_array();
       if (!arr || !arr->is_array_of_tables()) throw UsageError(where + ": expected [[pitfalls]] tables");
@@ -192,12 +207,13 @@ Suite parse_suite(const std::string& text, const std::string& origin) {
         s.pitfalls.push_back(parse_pitfall(*arr->get(i)->as_table(), where + "[" + std::to_string(i) + "]"));
     } else {
       throw UsageError(where +
-                       ": unknown key (allowed: name, description, repeat, base, axes, when, cells, frontier, pitfalls)");
+                       ": unknown key (allowed: name, description, repeat, base, axes, when, models, cells, frontier, pitfalls)");
     }
   }
   if (s.name.empty()) throw UsageError(origin + ": missing 'name'");
-  // A pitfall names cells of the suite: a name that is none of them is a typo, caught before anything runs.
-  const std::vector<Cell> cells = s.pitfalls.empty() ? std::vector<Cell>{} : expand(s);
+  // Every cell's configuration (models and their dimensions included) is checked now, and a pitfall's
+  // cell that is none of the suite's is a typo: both caught before anything runs.
+  const std::vector<Cell> cells = expand(s);
   for (size_t i = 0; i < s.pitfalls.size(); ++i)
     for (const char* part : {"wrong", "fix", "reference"})
       for (const auto& n : s.pitfalls[i][part])
@@ -239,6 +255,27 @@ void apply_override(Suite& suite, const std::string& key, const json& value) {
   suite.base[key] = v;
 }
 
+namespace {
+// A model of the suite's own: its dimensions, under whatever the cell sets itself.
+void define_model(const Suite& suite, json& cfg) {
+  if (!cfg.contains("model") || !cfg["model"].is_string()) return;
+  const std::string name = cfg["model"].get<std::string>();
+  if (!suite.models.contains(name)) return;
+  const json& def = suite.models[name];
+  for (auto it = def.begin(); it != def.end(); ++it)
+    if (!cfg.contains(it.key())) cfg[it.key()] = it.value();
+}
+
+RunConfig cell_config(const Suite& suite, json cfg, const std::string& name) {
+  define_model(suite, cfg);
+  try {
+    return RunConfig::from_json(cfg);
+  } catch (const UsageError& e) {
+    throw UsageError(suite.source + ": cell " + name + ": " + e.what());
+  }
+}
+}  // namespace
+
 std::vector<Cell> expand(const Suite& suite, const std::string& filter) {
   std::regex re;
   try {
@@ -260,7 +297,7 @@ std::vector<Cell> expand(const Suite& suite, const std::string& filter) {
       if (cfg.contains(w.key) && cfg[w.key] == w.value)
         for (auto it = w.settings.begin(); it != w.settings.end(); ++it) cfg[it.key()] = it.value();
     if (name.empty()) name = suite.name;
-    if (std::regex_search(name, re)) cells.push_back({name, RunConfig::from_json(cfg)});
+    if (std::regex_search(name, re)) cells.push_back({name, cell_config(suite, cfg, name)});
     // Odometer: the last axis varies fastest.
     size_t i = suite.axes.size();
     while (i > 0 && ++at[i - 1] == suite.axes[i - 1].values.size()) at[--i] = 0;
@@ -269,7 +306,7 @@ std::vector<Cell> expand(const Suite& suite, const std::string& filter) {
   for (const auto& [name, settings] : suite.extra_cells) {
     json cfg = suite.base;
     for (auto it = settings.begin(); it != settings.end(); ++it) cfg[it.key()] = it.value();
-    if (std::regex_search(name, re)) cells.push_back({name, RunConfig::from_json(cfg)});
+    if (std::regex_search(name, re)) cells.push_back({name, cell_config(suite, cfg, name)});
   }
   return cells;
 }
@@ -284,6 +321,7 @@ json suite_to_json(const Suite& suite) {
   json j{{"name", suite.name}, {"description", suite.description}, {"source", suite.source}, {"repeat", suite.repeat},
          {"base", suite.base}, {"axes", axes}, {"when", when}, {"cells", extra}, {"frontier", suite.frontier}};
   if (!suite.pitfalls.empty()) j["pitfalls"] = suite.pitfalls;
+  if (!suite.models.empty()) j["models"] = suite.models;
   return j;
 }
 

@@ -14,6 +14,9 @@
 //   [frontier]                   # largest batch under a budget, per policy (optional)
 //   budget = "48MiB"
 //   models = ["gpt-tiny"]
+//   [models.my-llama]            # a model of your own, by its dimensions; used by name like a preset
+//   family = "llama"             # (core/model_shape.hpp: family, layers, d_model, heads, kv_heads, ffn,
+//   layers = 8                   #  seq_len, vocab, tied, rope_*, norm_eps; a cell's own settings win)
 //   [[cells]]                    # extra cells beside the matrix: a name and settings over [base]
 //   name = "mlp/16-mixed/stress"
 //   precision = "16-mixed"
@@ -50,6 +53,8 @@ struct Suite {
   // "reference"} naming cells of this suite (reports/pitfalls.cpp reads them); kind is one of
   // pitfall_kinds().
   json pitfalls = json::array();
+  // [models.NAME]: name -> the dimension keys of a model of the suite's own.
+  json models = json::object();
 };
 
 const std::vector<std::string>& pitfall_kinds();

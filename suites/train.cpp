@@ -78,13 +78,17 @@ std::string unsupported_reason(const RunConfig& c, const std::string& device) {
              std::to_string(props->major) + "." + std::to_string(props->minor);
   }
 #endif
-  const ModelPreset& m = model_preset(c.model);
+  const ModelPreset m = resolve_model(c);
   if (const std::string why = ssl::unsupported_method(c, m); !why.empty()) return why;
-  if (c.checkpoint == "selective" && m.family != "gpt")
-    return "selective checkpointing recomputes the attention core; " + m.name + " has no attention (it would equal none)";
+  if (c.checkpoint == "selective" && !m.language_model())
+    return "selective checkpointing recomputes a decoder's attention core; " + m.name + " is no gpt or llama (it would equal none)";
+  if (c.attention != "auto" && m.family != "gpt" && m.family != "llama" && m.family != "vit")
+    return "attention = " + c.attention + " applies to gpt, llama and vit; " + m.name + " has no attention";
+  if (m.family == "llama" && c.dropout > 0) return "Llama 3 has no dropout (dropout = " + std::to_string(c.dropout) + ")";
   const std::string data = resolve_data(c.data, m);
-  if (m.family == "gpt" && data != "synthetic-tokens") return "model " + m.name + " needs token data, not " + data;
-  if (m.family != "gpt" && data == "synthetic-tokens") return "model " + m.name + " needs image data, not " + data;
+  const bool token_data = data == "synthetic-tokens" || data == "text";
+  if (m.language_model() && !token_data) return "model " + m.name + " needs token data, not " + data;
+  if (!m.language_model() && token_data) return "model " + m.name + " needs image data, not " + data;
   if (data == "fashion-mnist" && !fashion_mnist_available())
     return "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)";
   return "";
@@ -140,10 +144,11 @@ void load_parameters(torch::nn::Module& model, const std::string& path, const st
 }
 
 Trainer::Trainer(const RunConfig& config, const std::string& device, Communicator* comm)
-    : config_(config), device_(device), preset_(model_preset(config.model)),
+    : config_(config), device_(device), preset_(resolve_model(config)),
       mode_(precision_mode(config.precision, device, config.fp16)), rank_(comm ? comm->rank() : 0),
       world_(comm ? comm->world_size() : 1) {
   preset_.dropout = config.dropout;
+  preset_.attention = resolve_attention(config.attention, device, preset_.seq_len);
   // Every rank draws the same initial weights from the same seed, and rank 0's are broadcast anyway.
   // skip-broadcast (a fault) seeds each rank differently and leaves the broadcast out.
   const bool skip_broadcast = config.inject == "skip-broadcast";
@@ -204,6 +209,8 @@ RunInfo Trainer::info() const {
   r.model_name = preset_.name;
   r.parameters = count_parameters(*model_);
   r.flops_per_sample = model_->training_flops_per_sample();
+  r.causal_flops_per_sample = model_->causal_flops_per_sample();
+  if (preset_.language_model()) r.flops_convention = flop_convention_name(FlopConvention::Full);
   r.tokens_per_sample = model_->tokens_per_sample();
   r.recompute_flops_per_sample = model_->recompute_flops_per_sample();
   r.rank = rank_;

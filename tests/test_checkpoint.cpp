@@ -103,11 +103,12 @@ TEST(Checkpoint, PolicyTextAndRecomputeFlops) {
   EXPECT_FALSE(CheckpointPolicy::parse("every:3").checkpoints_block(4));
   EXPECT_THROW(CheckpointPolicy::parse("every:0"), UsageError);
   EXPECT_THROW(CheckpointPolicy::parse("partial"), UsageError);
-  // full recomputes every block's forward: 2 blocks of (2·12·D² + 2·D·S) per token, S tokens.
+  // full recomputes every block's forward: 2 blocks of (2·12·D² + 4·D·S) per token, S tokens (the
+  // full-attention convention: QK^T and AV over all S x S pairs).
   const double D = 64, S = 64;
   EXPECT_DOUBLE_EQ(gpt(2, 0, CheckpointPolicy::parse("full"))->recompute_flops_per_sample(),
-                   2 * (2 * 12 * D * D + 2 * D * S) * S);
-  EXPECT_DOUBLE_EQ(gpt(2, 0, CheckpointPolicy::parse("selective"))->recompute_flops_per_sample(), 2 * 2 * D * S * S);
+                   2 * (2 * 12 * D * D + 4 * D * S) * S);
+  EXPECT_DOUBLE_EQ(gpt(2, 0, CheckpointPolicy::parse("selective"))->recompute_flops_per_sample(), 2 * 4 * D * S * S);
   EXPECT_DOUBLE_EQ(gpt(2, 0, CheckpointPolicy::parse("none"))->recompute_flops_per_sample(), 0);
 }
 

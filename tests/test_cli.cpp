@@ -23,14 +23,17 @@ TEST(Cli, BadArgumentsAreOneLineErrorsWithExit2) {
   const std::string unknown_key = write("unknown-key.toml", "name = 'x'\n[base]\nbatchsize = 8\n");
   const std::vector<Case> cases = {
       {"run --set precision=fp16", "unknown precision 'fp16' (allowed: 32-true, tf32, bf16-mixed, 16-mixed"},
-      {"run --set stepz=3", "unknown key 'stepz' (allowed: model, data, precision"},
+      {"run --set stepz=3", "unknown key 'stepz' (allowed: model, family, layers"},
+      // Models: an unknown one, and dimensions that do not fit together, before anything runs.
+      {"run --set model=gpt-9000", "unknown model 'gpt-9000' (presets: mlp-tiny"},
+      {"run --suite llama --set heads=5", "d_model 64 is not divisible by heads 5"},
       {"run --set checkpoint=half", "unknown checkpoint 'half' (allowed: none, full, every:<k>, selective)"},
       {"run --steps ten", "bad value 'ten' for 'steps': expected a number"},
       {"run --device gpu", "unknown device 'gpu' (allowed: auto, cpu, cuda, cuda:<index>)"},
       {"run --set parallel=fsdp", "unknown parallel 'fsdp' (allowed: single, ddp, zero1, zero2, zero3)"},
       {"run --nproc 0", "--nproc"},
       {"run --set steps", "--set expects key=value"},
-      {"run --suite no-such-suite", "unknown suite 'no-such-suite' (built-in: checkpointing, hardware, parallel, parity, pitfalls, precision, quick, ssl"},
+      {"run --suite no-such-suite", "unknown suite 'no-such-suite' (built-in: checkpointing, hardware, llama, parallel, parity, pitfalls, precision, quick, ssl"},
       {"run --suite " + malformed, "malformed.toml:2:"},
       {"run --suite " + unknown_key, "base.batchsize: unknown key 'batchsize'"},
       {"run --filter 'nothing-matches-this'", "no cell of suite 'quick' matches"},
@@ -154,6 +157,39 @@ TEST(Cli, QuickSuiteMlpEndToEndValidatesAndReachesAccuracy) {
   const Result again = ts("report " + out);
   EXPECT_EQ(again.code, 0);
   EXPECT_NE(again.out.find("mlp/bf16-mixed"), std::string::npos);
+}
+
+// The built-in llama suite: llama cells in every precision on both attention paths, on text.
+TEST(Cli, LlamaSuiteRunsEveryPrecisionOnBothAttentionPaths) {
+  const std::string out = tmp("llama");
+  sh("rm -rf " + out);
+  const Result r = ts("run --suite llama --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json report = read_json(out + "/report.json");
+  EXPECT_EQ(validate_report(out + "/report.json").code, 0);
+  std::set<std::string> seen;
+  for (const auto& c : report["cells"]) {
+    const std::string precision = c["config"]["precision"], attention = c["config"]["attention"];
+    seen.insert(precision + "/" + attention);
+    if (precision == "tf32" || precision == "fp8") {  // CUDA only: kept, with the reason
+      EXPECT_EQ(c["status"], "skipped") << c["name"];
+      continue;
+    }
+    ASSERT_EQ(c["status"], "ok") << c["name"] << ": " << c.value("reason", "");
+    EXPECT_EQ(c["data"], "text");
+    EXPECT_EQ(c["model"]["attention_backend"] == "eager", attention == "eager") << c["name"];
+    // Byte-level text starts at log(256) = 5.545 and must fall.
+    EXPECT_LT(c["metrics"]["quality"]["final_loss"].get<double>(), 5.0) << c["name"];
+    const json& t = c["metrics"]["timing"];
+    EXPECT_EQ(t["flops_convention"].get<std::string>().rfind("full-attention", 0), 0u);
+    EXPECT_LT(t["causal"]["flops_per_sample"].get<double>(), t["flops_per_sample"].get<double>());
+  }
+  for (const char* p : {"32-true", "tf32", "bf16-mixed", "16-mixed", "bf16-true", "fp8"})
+    for (const char* a : {"eager", "sdpa"}) EXPECT_TRUE(seen.count(std::string(p) + "/" + a)) << p << "/" << a;
+  // SDPA never keeps the S x S probabilities that eager's backward needs: fewer activation bytes.
+  const json eager = cell_named(report, "llama-small/32-true/eager"), sdpa = cell_named(report, "llama-small/32-true/sdpa");
+  EXPECT_LT(sdpa["metrics"]["memory"]["activation_bytes"].get<int64_t>(),
+            eager["metrics"]["memory"]["activation_bytes"].get<int64_t>());
 }
 
 TEST(Cli, PrecisionStressCellsShowScalerAndDivergenceInTheReport) {

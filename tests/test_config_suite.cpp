@@ -4,6 +4,7 @@
 #include "test_support.hpp"
 
 #include "core/errors.hpp"
+#include "core/model_shape.hpp"
 #include "suites/suite_file.hpp"
 
 using namespace trainscope;
@@ -64,7 +65,7 @@ TEST(SuiteFile, FilterAndOverrides) {
 TEST(SuiteFile, ErrorsNameTheKeyAndTheAllowedValues) {
   auto parse = [](const std::string& text) { return error_of([&] { parse_suite(text, "bad.toml"); }); };
   EXPECT_NE(parse("name='x'\n[base]\nbatchsize = 3\n").find("unknown key 'batchsize'"), std::string::npos);
-  EXPECT_NE(parse("name='x'\n[base]\nbatchsize = 3\n").find("allowed: model, data"), std::string::npos);
+  EXPECT_NE(parse("name='x'\n[base]\nbatchsize = 3\n").find("allowed: model, family, layers"), std::string::npos);
   const std::string bad_value = parse("name='x'\n[axes]\nprecision = ['fp16']\n");
   EXPECT_NE(bad_value.find("unknown precision 'fp16'"), std::string::npos) << bad_value;
   EXPECT_NE(bad_value.find("32-true, tf32, bf16-mixed"), std::string::npos) << bad_value;
@@ -78,7 +79,7 @@ TEST(SuiteFile, ErrorsNameTheKeyAndTheAllowedValues) {
   EXPECT_NE(parse("[base]\nsteps=1\n").find("missing 'name'"), std::string::npos);
   // A TOML syntax error names the line and column.
   EXPECT_NE(parse("name = 'x'\n[base\n").find("bad.toml:2:"), std::string::npos);
-  EXPECT_NE(error_of([] { load_suite("no-such-suite"); }).find("built-in: checkpointing, hardware, parallel, parity, pitfalls, precision, quick, ssl"), std::string::npos);
+  EXPECT_NE(error_of([] { load_suite("no-such-suite"); }).find("built-in: checkpointing, hardware, llama, parallel, parity, pitfalls, precision, quick, ssl"), std::string::npos);
 }
 
 TEST(SuiteFile, ExtraCellsBesideTheMatrix) {
@@ -168,4 +169,69 @@ TEST(Config, BuiltinSuitesParse) {
   EXPECT_EQ(precision[4].name, "mlp/16-mixed-noscale");
   EXPECT_EQ(quick[0].name, "mlp/32-true");
   EXPECT_EQ(quick[3].name, "gpt-tiny/bf16-mixed");
+}
+
+// Model shapes as data: a suite's own model by its dimensions, a preset's dimension overridden per cell,
+// and every inconsistency a one-line error before anything runs.
+TEST(ModelShapes, ASuiteDefinesItsOwnModelAndACellOverridesADimension) {
+  const Suite s = parse_suite(R"(
+name = "shapes"
+[axes]
+model = ["my-llama", "llama-tiny"]
+[models.my-llama]
+family = "llama"
+layers = 3
+d_model = 48
+heads = 6
+kv_heads = 2
+ffn = 128
+seq_len = 32
+vocab = 300
+tied = true
+[[cells]]
+name = "deeper"
+model = "my-llama"
+layers = 5
+)", "shapes.toml");
+  const auto cells = expand(s);
+  ASSERT_EQ(cells.size(), 3u);
+  EXPECT_EQ(cells[0].name, "my-llama");
+  const ModelShape mine = resolve_model(cells[0].config);
+  EXPECT_EQ(mine.family, "llama");
+  EXPECT_EQ(mine.layers, 3);
+  EXPECT_EQ(mine.head_dim(), 8);
+  EXPECT_TRUE(mine.tied);
+  EXPECT_DOUBLE_EQ(mine.rope_theta, 500000.0);  // the family's default where the table is silent
+  // Counted by hand: embedding 300x48, per layer q 48x48, k and v 48x16, o 48x48, 3 x 48x128, 2 norms,
+  // the final norm; the head is the embedding.
+  const int64_t layer = 48 * 48 + 2 * 48 * 16 + 48 * 48 + 3 * 48 * 128 + 2 * 48;
+  EXPECT_EQ(analytic_decoder_parameters(mine), 300 * 48 + 3 * layer + 48);
+  EXPECT_EQ(resolve_model(cells[2].config).layers, 5);  // the cell's own setting beats the table
+  EXPECT_EQ(resolve_model(cells[1].config).layers, 2);  // the preset is untouched
+
+  Suite over = s;
+  apply_override(over, "layers", json(4));  // --set layers=4: every cell
+  for (const auto& c : expand(over)) EXPECT_EQ(resolve_model(c.config).layers, 4) << c.name;
+  EXPECT_EQ(suite_to_json(s)["models"]["my-llama"]["kv_heads"], 2);
+}
+
+TEST(ModelShapes, InconsistentDimensionsAreOneLineErrors) {
+  auto parse = [](const std::string& text) { return error_of([&] { parse_suite("name='x'\n" + text, "bad.toml"); }); };
+  const std::string own = "[axes]\nmodel=['m']\n[models.m]\nfamily='llama'\nlayers=2\nffn=64\nseq_len=16\nvocab=256\n";
+  EXPECT_NE(parse(own + "d_model=50\nheads=4\n").find("d_model 50 is not divisible by heads 4"), std::string::npos);
+  EXPECT_NE(parse(own + "d_model=64\nheads=4\nkv_heads=3\n").find("heads 4 is not divisible by kv_heads 3"),
+            std::string::npos);
+  EXPECT_NE(parse(own + "d_model=60\nheads=4\n").find("head_dim 15 must be even"), std::string::npos);
+  EXPECT_NE(parse(own + "heads=4\n").find("d_model must be given"), std::string::npos);
+  EXPECT_NE(parse("[axes]\nmodel=['m']\n[models.m]\nfamily='mamba'\n").find("unknown family 'mamba'"), std::string::npos);
+  EXPECT_NE(parse("[axes]\nmodel=['m']\n[models.m]\nlayers=2\n").find("needs its family"), std::string::npos);
+  EXPECT_NE(parse("[models.m]\nfamily='llama'\nlr=1\n").find("not a model dimension"), std::string::npos);
+  EXPECT_NE(parse("[models.gpt-tiny]\nfamily='gpt'\n").find("a preset's name"), std::string::npos);
+  EXPECT_NE(parse("[axes]\nmodel=['nope']\n").find("unknown model 'nope'"), std::string::npos);
+  EXPECT_NE(parse("[base]\nmodel='mlp'\nlayers=3\n").find("takes no dimension keys"), std::string::npos);
+  EXPECT_NE(parse("[base]\nmodel='gpt-tiny'\nkv_heads=2\n").find("llama dimension"), std::string::npos);
+  EXPECT_NE(parse("[base]\nmodel='llama-tiny'\nheads=3\n").find("not divisible by heads 3"), std::string::npos);
+  EXPECT_NE(parse("[base]\nmodel='llama-tiny'\nfamily='gpt'\n").find("is a llama preset"), std::string::npos);
+  // One line each.
+  EXPECT_EQ(parse(own + "d_model=50\nheads=4\n").find('\n'), std::string::npos);
 }

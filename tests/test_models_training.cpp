@@ -4,6 +4,12 @@
 #include <gtest/gtest.h>
 
 #include "test_paths.hpp"
+#include "test_support.hpp"
+
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "core/compat.hpp"
 #include "core/errors.hpp"
@@ -70,8 +76,96 @@ TEST(Models, GptShapeParametersAndFlopsByHand) {
   EXPECT_EQ(count_parameters(*m), by_hand);
   EXPECT_EQ(m->analytic_parameters(), by_hand);
   const double n = static_cast<double>(by_hand - S * D);
-  EXPECT_DOUBLE_EQ(m->training_flops_per_sample(), (6.0 * n + 6.0 * L * D * S) * S);
+  // Full attention (torchtitan) first, the causal half (Megatron-Bridge) beside it.
+  EXPECT_DOUBLE_EQ(m->training_flops_per_sample(), (6.0 * n + 12.0 * L * D * S) * S);
+  EXPECT_DOUBLE_EQ(m->causal_flops_per_sample(), (6.0 * n + 6.0 * L * D * S) * S);
   EXPECT_EQ(m->tokens_per_sample(), 64);
+}
+
+// The published Llama 3 shapes, counted from their dimensions without allocating anything: the counts
+// Meta's model cards and HF's configs give (Llama 3.2 1B "1.23B", tied; Llama 3.1 8B and 70B, untied).
+TEST(Models, PublishedLlamaShapesHaveTheirParameterCountsAndFlops) {
+  EXPECT_EQ(analytic_decoder_parameters(model_preset("llama3-1b")), 1235814400);
+  EXPECT_EQ(analytic_decoder_parameters(model_preset("llama3-8b")), 8030261248);
+  EXPECT_EQ(analytic_decoder_parameters(model_preset("llama3-70b")), 70553706496);
+  // torchtitan's get_dense_model_nparams_and_flops at seq 8192: 6·(N - embedding) + 12·L·H·Dh·S.
+  EXPECT_DOUBLE_EQ(decoder_flops_per_token(model_preset("llama3-8b"), FlopConvention::Full), 57914449920.0);
+  EXPECT_DOUBLE_EQ(decoder_flops_per_token(model_preset("llama3-70b"), FlopConvention::Full), 481442709504.0);
+  // The causal convention counts half the attention term.
+  const ModelShape& m = model_preset("llama3-8b");
+  EXPECT_DOUBLE_EQ(decoder_flops_per_token(m, FlopConvention::Full) - decoder_flops_per_token(m, FlopConvention::Causal),
+                   6.0 * m.layers * m.heads * m.head_dim() * m.seq_len);
+}
+
+// HF's LlamaForCausalLM built on the meta device (tests/parity/hf_llama.py) counts the same parameters
+// for every llama preset, the published three included.
+TEST(Models, LlamaParameterCountsEqualHuggingFacesModel) {
+  const std::string python = std::string(test::kTorchVenv) + "/bin/python";
+  if (std::string(test::kTorchVenv).empty()) GTEST_SKIP() << "no project virtual environment (a LibTorch of your own)";
+  json shapes = json::object();
+  for (const auto& p : model_presets())
+    if (p.family == "llama") shapes[p.name] = p.to_json();
+  const std::string in = tmp_dir() + "/llama-shapes.json", out = tmp_dir() + "/llama-counts.json";
+  { std::ofstream(in) << shapes.dump(); }
+  const int rc = std::system((python + " " + test::kSourceDir + "/tests/parity/hf_llama.py --count < " + in + " > " + out).c_str());
+  if (WIFEXITED(rc) && WEXITSTATUS(rc) == 3) GTEST_SKIP() << "transformers is not installed (scripts/reference-packages.txt)";
+  ASSERT_EQ(rc, 0);
+  std::ifstream f(out);
+  const json counts = json::parse(f);
+  ASSERT_EQ(counts.size(), 5u);
+  for (const auto& p : model_presets())
+    if (p.family == "llama") EXPECT_EQ(counts.at(p.name).get<int64_t>(), analytic_decoder_parameters(p)) << p.name;
+}
+
+TEST(Models, LlamaBuildsItsShapeAndIsCausalOnBothAttentionPaths) {
+  ModelShape s = model_preset("llama-tiny");
+  for (const std::string attention : {"eager", "sdpa"}) {
+    s.attention = attention;
+    torch::manual_seed(0);
+    auto m = make_model(s, tokens_of("llama-tiny"));
+    EXPECT_EQ(count_parameters(*m), m->analytic_parameters());
+    // Grouped-query attention: K and V project to kv_heads x head_dim = 2 x 16.
+    EXPECT_EQ(m->named_parameters()["block0.k_proj.weight"].sizes(), (std::vector<int64_t>{32, 64}));
+    EXPECT_EQ(m->named_parameters()["lm_head.weight"].sizes(), (std::vector<int64_t>{256, 64}));  // untied
+    m->eval();
+    auto a = torch::randint(256, {1, 64}, torch::kLong);
+    auto b = a.clone();
+    b[0][40] = (b[0][40].item<int64_t>() + 1) % 256;
+    auto la = m->forward(a), lb = m->forward(b);
+    EXPECT_TRUE(torch::equal(la.slice(1, 0, 40), lb.slice(1, 0, 40))) << attention;
+    EXPECT_FALSE(torch::allclose(la.slice(1, 40, 41), lb.slice(1, 40, 41))) << attention;
+    EXPECT_EQ(m->attention_backend().empty(), false);
+  }
+  s.tied = true;  // a tied head has no matrix of its own
+  EXPECT_EQ(count_parameters(*make_model(s, tokens_of("llama-tiny"))), analytic_decoder_parameters(s));
+  EXPECT_EQ(analytic_decoder_parameters(model_preset("llama-tiny")) - analytic_decoder_parameters(s), 256 * 64);
+}
+
+TEST(Data, TextIsFortunesAsBytes) {
+  if (!std::filesystem::exists(text_dir() + "/fortunes")) GTEST_SKIP() << "no fortunes (apt-get install fortunes)";
+  const ModelPreset& llama = model_preset("llama-tiny");
+  auto a = make_data("text", llama, 3), b = make_data("text", llama, 3);
+  EXPECT_EQ(resolve_data("auto", llama), "text");
+  const Batch x = a->train_batch(5, 4), y = b->train_batch(5, 4);
+  EXPECT_TRUE(torch::equal(x.input, y.input));  // a pure function of (seed, step)
+  EXPECT_EQ(x.input.sizes(), (std::vector<int64_t>{4, 64}));
+  EXPECT_TRUE(torch::equal(x.input.slice(1, 1), x.target.slice(1, 0, 63)));  // next-byte targets
+  EXPECT_GE(x.input.min().item<int64_t>(), 0);
+  EXPECT_LT(x.input.max().item<int64_t>(), 256);
+  // English: mostly lower-case letters and spaces.
+  const double letters = ((x.input >= 'a') & (x.input <= 'z')).to(torch::kFloat).mean().item<double>();
+  EXPECT_GT(letters, 0.5);
+  ModelPreset small = llama;
+  small.vocab = 100;
+  EXPECT_NE(test::error_of([&] { make_data("text", small, 0); }).find("vocab must be at least 256"), std::string::npos);
+  setenv("TRAINSCOPE_TEXT_DIR", "/nonexistent", 1);
+  try {
+    make_data("text", llama, 0);
+    ADD_FAILURE() << "no error for a missing corpus";
+  } catch (const MissingData& e) {
+    EXPECT_NE(std::string(e.what()).find("apt-get install fortunes"), std::string::npos) << e.what();
+  }
+  unsetenv("TRAINSCOPE_TEXT_DIR");
 }
 
 TEST(Models, GptIsCausal) {
@@ -87,8 +181,9 @@ TEST(Models, GptIsCausal) {
 
 TEST(Models, EveryCpuSizedPresetMatchesItsAnalyticCount) {
   for (const auto& p : model_presets()) {
-    if (p.name == "gpt-125m" || p.name == "gpt-1b" || p.name == "mlp-large") continue;  // GPU sizes
-    auto m = build(p.name, p.family == "gpt" ? tokens_of(p.name) : DataShape{});
+    if (p.name == "gpt-125m" || p.name == "gpt-1b" || p.name == "mlp-large" || p.name.rfind("llama3", 0) == 0)
+      continue;  // GPU sizes
+    auto m = build(p.name, p.language_model() ? tokens_of(p.name) : DataShape{});
     EXPECT_EQ(count_parameters(*m), m->analytic_parameters()) << p.name;
   }
   // The GPU presets' analytic sizes: GPT-2 small's 124M, and 1.3B.
@@ -175,7 +270,7 @@ TEST_P(LossFalls, ShortTraining) {
   c.batch_size = 32;
   c.steps = 40;
   c.warmup_steps = 0;
-  c.lr = model == "gpt-tiny" ? 3e-3 : model == "cnn-tiny" ? 1e-2 : 1e-3;
+  c.lr = model == "gpt-tiny" || model == "llama-tiny" ? 3e-3 : model == "cnn-tiny" ? 1e-2 : 1e-3;
   c.log_every = 1;
   c.eval = false;
   Trainer t(c, "cpu");
@@ -197,7 +292,9 @@ INSTANTIATE_TEST_SUITE_P(Models, LossFalls,
                          ::testing::Values(std::make_tuple("mlp-tiny", "synthetic-images", "32-true"),
                                            std::make_tuple("cnn-tiny", "synthetic-images", "32-true"),
                                            std::make_tuple("gpt-tiny", "synthetic-tokens", "32-true"),
-                                           std::make_tuple("gpt-tiny", "synthetic-tokens", "bf16-mixed")));
+                                           std::make_tuple("gpt-tiny", "synthetic-tokens", "bf16-mixed"),
+                                           std::make_tuple("llama-tiny", "text", "32-true"),
+                                           std::make_tuple("llama-tiny", "synthetic-tokens", "bf16-mixed")));
 
 TEST(Trainer, UnsupportedCellsSayWhy) {
   RunConfig c;
@@ -207,6 +304,18 @@ TEST(Trainer, UnsupportedCellsSayWhy) {
   c.model = "gpt-tiny";
   c.data = "fashion-mnist";
   EXPECT_NE(unsupported_reason(c, "cpu").find("needs token data"), std::string::npos);
+  c.model = "mlp";
+  c.data = "text";
+  EXPECT_NE(unsupported_reason(c, "cpu").find("needs image data"), std::string::npos);
+  c.attention = "sdpa";
+  c.data = "auto";
+  EXPECT_NE(unsupported_reason(c, "cpu").find("has no attention"), std::string::npos);
+  c.attention = "auto";
+  c.model = "llama-tiny";
+  c.dropout = 0.1;
+  EXPECT_NE(unsupported_reason(c, "cpu").find("Llama 3 has no dropout"), std::string::npos);
+  c.dropout = 0;
+  c.model = "gpt-tiny";
   c.data = "auto";
   EXPECT_EQ(unsupported_reason(c, "cpu"), "");
   if (!torch::cuda::is_available()) {

@@ -513,6 +513,92 @@ precision = "bf16-true"
             cell_named(report, "ddp/bf16-true")["model"]["parameters"].get<int64_t>() * 2);  // bf16 gradients
 }
 
+// Llama under every precision this CPU runs, every parallel strategy and every checkpoint policy, with a
+// model of the suite's own (tied head, one K/V head) beside the preset.
+TEST(Parallel, LlamaComposesWithEveryPrecisionStrategyAndPolicy) {
+  const SuiteRun run = run_suite_text("llama-compose", R"(
+name = "llama-compose"
+[base]
+warmup_steps = 1
+steps = 4
+eval = false
+overflow_every = 2
+world_size = 2
+batch_size = 4
+model = "llama-tiny"
+data = "synthetic-tokens"
+[models.my-llama]
+family = "llama"
+layers = 3
+d_model = 32
+heads = 4
+kv_heads = 1
+ffn = 96
+seq_len = 32
+vocab = 256
+tied = true
+[axes]
+parallel = ["ddp", "zero1", "zero2", "zero3"]
+[[cells]]
+name = "single/my-llama/64-true"
+parallel = "single"
+world_size = 1
+model = "my-llama"
+precision = "64-true"
+[[cells]]
+name = "single/16-mixed-noscale/every2"
+parallel = "single"
+world_size = 1
+precision = "16-mixed-noscale"
+checkpoint = "every:2"
+[[cells]]
+name = "ddp/bf16-mixed/full/sdpa"
+parallel = "ddp"
+precision = "bf16-mixed"
+checkpoint = "full"
+attention = "sdpa"
+[[cells]]
+name = "zero1/16-mixed/selective"
+parallel = "zero1"
+precision = "16-mixed"
+checkpoint = "selective"
+[[cells]]
+name = "zero2/bf16-true/selective/sdpa"
+parallel = "zero2"
+precision = "bf16-true"
+checkpoint = "selective"
+attention = "sdpa"
+[[cells]]
+name = "zero3/my-llama/bf16-mixed/every2"
+parallel = "zero3"
+model = "my-llama"
+precision = "bf16-mixed"
+checkpoint = "every:2"
+)", "--nproc 2");
+  ASSERT_EQ(run.result.code, 0) << run.result.out;
+  const json& report = run.report;
+  for (const std::string name : {"ddp", "zero1", "zero2", "zero3", "single/my-llama/64-true", "single/16-mixed-noscale/every2",
+                                 "ddp/bf16-mixed/full/sdpa", "zero1/16-mixed/selective", "zero2/bf16-true/selective/sdpa",
+                                 "zero3/my-llama/bf16-mixed/every2"}) {
+    const json c = cell_named(report, name);
+    ASSERT_EQ(c["status"], "ok") << name << ": " << c.value("reason", "");
+    EXPECT_TRUE(std::isfinite(c["metrics"]["quality"]["final_loss"].get<double>())) << name;
+    const json& m = c["metrics"]["memory"];
+    EXPECT_NEAR(m["model_state_total_bytes"].get<double>() / m["expected_model_state_bytes"].get<double>(), 1.0, 0.02)
+        << name;
+    EXPECT_EQ(c["model"]["parameters"], c["model"]["analytic_parameters"]) << name;
+    if (c["config"]["world_size"] == 2) EXPECT_EQ(c["metrics"]["rng"]["violations"], 0) << name;
+  }
+  // The suite's own model ran with its dimensions; its head is its embedding.
+  const json mine = cell_named(report, "zero3/my-llama/bf16-mixed/every2")["model"];
+  EXPECT_EQ(mine["shape"]["layers"], 3);
+  EXPECT_EQ(mine["shape"]["kv_heads"], 1);
+  EXPECT_EQ(mine["parameters"], 256 * 32 + 3 * (32 * 32 + 2 * 32 * 8 + 32 * 32 + 3 * 32 * 96 + 2 * 32) + 32);
+  EXPECT_NE(cell_named(report, "ddp/bf16-mixed/full/sdpa")["model"]["attention_backend"], "eager");
+  EXPECT_EQ(cell_named(report, "zero3")["model"]["attention_backend"], "eager");  // auto at seq 64 on a CPU
+  EXPECT_EQ(cell_named(report, "zero1/16-mixed/selective")["emulated"], true);
+}
+
 TEST(Parallel, RngProbeCatchesEachInjectedFaultAndNothingElse) {
   const SuiteRun run = run_suite_text("rng", R"(
 name = "rng"

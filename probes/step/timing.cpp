@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "core/datasheet.hpp"
+#include "core/model_shape.hpp"
 #include "core/stats.hpp"
 
 #ifdef TRAINSCOPE_TORCH_CUDA
@@ -184,6 +185,15 @@ json TimingProbe::section() const {
   j["peak_flops_per_s"] = nan_if_zero(info_.peak_flops_per_s);
   j["peak_source"] = info_.peak_flops_per_s > 0 ? json(info_.peak_source) : json(nullptr);
   j["mfu"] = peak > 0 ? json(flops / peak) : json(nullptr);
+  if (!info_.flops_convention.empty()) {
+    // MFU is on the full-attention convention; the causal count (Megatron-Bridge's) stands beside it.
+    const double causal = samples_per_s * info_.causal_flops_per_sample;
+    j["flops_convention"] = info_.flops_convention;
+    j["causal"] = {{"convention", flop_convention_name(FlopConvention::Causal)},
+                   {"flops_per_sample", info_.causal_flops_per_sample},
+                   {"flops_per_s", causal},
+                   {"mfu", peak > 0 ? json(causal / peak) : json(nullptr)}};
+  }
   // HFU counts what the hardware did, recomputation included.
   const double hw_flops = samples_per_s * (info_.flops_per_sample + info_.recompute_flops_per_sample);
   j["recompute_flops_per_sample"] = info_.recompute_flops_per_sample;

@@ -15,6 +15,7 @@
 #include "core/datasheet.hpp"
 #include "core/units.hpp"
 #include "core/errors.hpp"
+#include "core/model_shape.hpp"
 #include "probes/device/env.hpp"
 #include "probes/device/gpu.hpp"
 #include "reports/compare.hpp"
@@ -61,9 +62,24 @@ int list_command() {
   }
   std::printf("  ranks        %s%s\n", ranks.c_str(), cuda ? "; NCCL on CUDA" : "");
 
-  std::printf("\nmodels:\n");
-  for (const auto& p : suites::model_presets())
-    std::printf("  %-10s %s\n", p.name.c_str(), p.summary.c_str());
+  std::printf("\nmodels (a suite defines its own under [models.NAME]; --set layers=24 overrides a dimension):\n");
+  std::printf("  %-12s %-6s %6s %7s %5s %3s %6s %6s %6s %4s %15s %13s %13s  %s\n", "name", "family", "layers", "d_model",
+              "heads", "kv", "ffn", "seq", "vocab", "tied", "parameters", "GFLOP/token", "(causal)", "");
+  for (const auto& p : suites::model_presets()) {
+    int64_t params = analytic_decoder_parameters(p);
+    if (params == 0) {  // image models: counted on the built model, for Fashion-MNIST's 1x28x28 and 10 classes
+      torch::NoGradGuard no_grad;
+      params = suites::make_model(p, suites::DataShape{})->analytic_parameters();
+    }
+    auto dim = [](int64_t v) { return v > 0 ? std::to_string(v) : std::string("-"); };
+    const bool lm = p.language_model();
+    auto tflop = [&](FlopConvention c) { return lm ? format_fixed(decoder_flops_per_token(p, c) / 1e9, 3) : std::string("-"); };
+    std::printf("  %-12s %-6s %6s %7s %5s %3s %6s %6s %6s %4s %15s %13s %13s  %s\n", p.name.c_str(), p.family.c_str(),
+                dim(p.layers).c_str(), dim(p.width).c_str(), dim(p.heads).c_str(), dim(p.kv_heads).c_str(),
+                dim(p.ffn).c_str(), dim(lm ? p.seq_len : 0).c_str(), dim(p.vocab).c_str(), lm ? (p.tied ? "yes" : "no") : "-",
+                with_thousands(params).c_str(), tflop(FlopConvention::Full).c_str(), tflop(FlopConvention::Causal).c_str(),
+                p.summary.c_str());
+  }
 
   std::printf("\nconfiguration keys (suite [base], [axes], [when.*] and --set key=value):\n");
   RunConfig probe;

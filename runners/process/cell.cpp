@@ -346,8 +346,14 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
                      {"parameters", info.parameters},
                      {"analytic_parameters", trainer.model().analytic_parameters()},
                      {"training_flops_per_sample", info.flops_per_sample},
-                     {"tokens_per_sample", info.tokens_per_sample}};
-    cell["data"] = suites::resolve_data(config.data, suites::model_preset(config.model));
+                     {"tokens_per_sample", info.tokens_per_sample},
+                     {"shape", trainer.preset().to_json()}};
+    if (!info.flops_convention.empty()) {
+      cell["model"]["flops_convention"] = info.flops_convention;
+      cell["model"]["causal_flops_per_sample"] = info.causal_flops_per_sample;
+    }
+    if (const std::string b = trainer.model().attention_backend(); !b.empty()) cell["model"]["attention_backend"] = b;
+    cell["data"] = suites::resolve_data(config.data, trainer.preset());
     cell["steps_run"] = outcome.steps_run;
     if (config.time_budget_s > 0)
       cell["time_budget"] = {{"budget_s", config.time_budget_s},

@@ -3,7 +3,10 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "core/errors.hpp"
@@ -139,7 +142,61 @@ class SyntheticTokens : public DataSource {
   DataShape shape_;
 };
 
+// ---- text: Debian's fortunes as byte-level tokens ---------------------------------------------------
+// Every fortune file (the plain-text ones; not the .dat indexes or .u8 links) in name order, as one
+// stream of bytes. A sample is a window of seq_len + 1 bytes at an offset drawn from (seed, step); the
+// target is the window shifted by one. Tokens are bytes, so the model's vocabulary must hold 256.
+class Text : public DataSource {
+ public:
+  Text(int64_t seed, int64_t vocab, int64_t seq_len) : seed_(seed) {
+    shape_.vocab = vocab;
+    shape_.seq_len = seq_len;
+    if (vocab < 256)
+      throw UsageError("data 'text' is byte-level: the model's vocab must be at least 256, not " + std::to_string(vocab));
+    const std::string dir = text_dir();
+    std::vector<std::filesystem::path> files;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+      if (e.is_regular_file() && !e.path().has_extension()) files.push_back(e.path());
+    if (ec || files.empty())
+      throw MissingData("data 'text': no fortune files in " + dir + ": install Debian's package fortunes (apt-get install fortunes)");
+    std::sort(files.begin(), files.end());
+    std::string bytes;
+    for (const auto& f : files) {
+      std::ifstream in(f, std::ios::binary);
+      bytes.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    if (static_cast<int64_t>(bytes.size()) < 2 * (seq_len + 1))
+      throw MissingData("data 'text': " + std::to_string(bytes.size()) + " bytes in " + dir + " is too little for seq_len " +
+                        std::to_string(seq_len));
+    corpus_ = torch::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, torch::kUInt8).to(torch::kLong);
+    files_ = static_cast<int64_t>(files.size());
+  }
+  DataShape shape() const override { return shape_; }
+  Batch train_batch(int64_t step, int64_t batch_size) override {
+    auto g = generator(mix(seed_, 7, step));
+    const int64_t S = shape_.seq_len + 1;
+    const auto start = torch::randint(corpus_.size(0) - S, {batch_size, 1}, g, torch::kLong);
+    const auto seq = corpus_.index_select(0, (start + torch::arange(S, torch::kLong).unsqueeze(0)).reshape({-1})).view({batch_size, S});
+    return {seq.slice(1, 0, S - 1).contiguous(), seq.slice(1, 1, S).contiguous()};
+  }
+  std::string describe() const override {
+    return "text (" + std::to_string(corpus_.size(0)) + " bytes of English in " + std::to_string(files_) + " fortune files, " +
+           text_dir() + ")";
+  }
+
+ private:
+  int64_t seed_, files_ = 0;
+  DataShape shape_;
+  torch::Tensor corpus_;
+};
+
 }  // namespace
+
+std::string text_dir() {
+  const char* env = std::getenv("TRAINSCOPE_TEXT_DIR");
+  return env && *env ? env : "/usr/share/games/fortunes";
+}
 
 std::string fashion_mnist_dir() {
   const char* env = std::getenv("TRAINSCOPE_FASHION_MNIST");
@@ -184,6 +241,7 @@ torch::Tensor read_idx_gz(const std::string& path) {
 
 std::string resolve_data(const std::string& data, const ModelPreset& model) {
   if (data != "auto") return data;
+  if (model.family == "llama") return "text";  // today's decoders train on text
   return model.family == "gpt" ? "synthetic-tokens" : "fashion-mnist";
 }
 
@@ -192,8 +250,10 @@ std::unique_ptr<DataSource> make_data(const std::string& data, const ModelPreset
   const std::string kind = resolve_data(data, model);
   if (kind == "fashion-mnist") return std::make_unique<FashionMnist>(seed, unlabeled_size);
   if (kind == "synthetic-images") return std::make_unique<SyntheticImages>(seed, DataShape{1, 28, 28, 10, 0, 0});
-  if (kind == "synthetic-tokens") {
-    if (model.family != "gpt") throw UsageError("data 'synthetic-tokens' needs a gpt model, not '" + model.name + "'");
+  if (kind == "synthetic-tokens" || kind == "text") {
+    if (!model.language_model())
+      throw UsageError("data '" + kind + "' needs a language model (gpt, llama), not '" + model.name + "'");
+    if (kind == "text") return std::make_unique<Text>(seed, model.vocab, model.seq_len);
     return std::make_unique<SyntheticTokens>(seed, model.vocab, model.seq_len);
   }
   throw UsageError("unknown data '" + data + "'");

@@ -1,6 +1,6 @@
 #pragma once
-// Data sources: Fashion-MNIST from Debian's dataset-fashion-mnist, and deterministic synthetic
-// images and tokens. Every batch is a pure function of (seed, step): reruns draw the same samples.
+// Data sources: Fashion-MNIST from Debian's dataset-fashion-mnist, English text from Debian's
+// fortunes (byte-level tokens), and deterministic synthetic images and tokens. Every batch is a pure function of (seed, step): reruns draw the same samples.
 #include <memory>
 #include <string>
 
@@ -24,7 +24,8 @@ class DataSource {
   virtual std::string describe() const = 0;
 };
 
-// `data` is the config value; "auto" picks Fashion-MNIST for image models, tokens for GPT.
+// `data` is the config value; "auto" picks Fashion-MNIST for image models, synthetic tokens for GPT,
+// text for Llama.
 std::string resolve_data(const std::string& data, const ModelPreset& model);
 // unlabeled_size > 0: Fashion-MNIST's stream draws from the first N images of a fixed permutation (the
 // same for every seed, so 6k is inside 30k is inside 60k).
@@ -37,6 +38,8 @@ inline constexpr double kPixelMean = 0.2860, kPixelStd = 0.3530;
 // Where Fashion-MNIST is read from: $TRAINSCOPE_FASHION_MNIST or Debian's location.
 std::string fashion_mnist_dir();
 bool fashion_mnist_available();
+// Where data = text reads its fortune files: $TRAINSCOPE_TEXT_DIR or Debian's location.
+std::string text_dir();
 
 // Reads one gzipped IDX file (images: uint8 [N,H,W]; labels: uint8 [N]); throws on a bad file.
 torch::Tensor read_idx_gz(const std::string& path);

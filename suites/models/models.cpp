@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/compat.hpp"
 #include "core/errors.hpp"
 #include "suites/techniques/precision.hpp"
 
@@ -9,30 +10,28 @@ namespace trainscope::suites {
 
 namespace nn = torch::nn;
 
-const std::vector<ModelPreset>& model_presets() {
-  // name, family, hidden/blocks, width, layers, heads, seq_len, vocab, dropout, summary
-  static const std::vector<ModelPreset> presets = {
-      {"mlp-tiny", "mlp", {64}, 0, 0, 0, 0, 0, 0.0, "MLP, one hidden layer of 64 (CI)"},
-      {"mlp", "mlp", {512, 256}, 0, 0, 0, 0, 0, 0.0, "MLP 512-256"},
-      {"mlp-large", "mlp", {4096, 4096, 4096, 4096}, 0, 0, 0, 0, 0, 0.0, "MLP 4x4096 (GPU)"},
-      {"cnn-tiny", "cnn", {1, 1}, 8, 0, 0, 0, 0, 0.0, "ResNet-style, 2 stages of 1 block, width 8 (CI)"},
-      {"cnn-small", "cnn", {1, 1, 1}, 16, 0, 0, 0, 0, 0.0, "ResNet-style, 3 stages of 1 block, width 16 (SSL encoder)"},
-      {"cnn", "cnn", {2, 2, 2}, 32, 0, 0, 0, 0, 0.0, "ResNet-style, 3 stages of 2 blocks, width 32"},
-      {"resnet18", "cnn", {2, 2, 2, 2}, 64, 0, 0, 0, 0, 0.0, "ResNet-18 layout, width 64 (GPU)"},
-      {"vit-tiny", "vit", {}, 64, 2, 4, 7, 0, 0.0, "ViT, patch 7 (16 tokens), d=64, 2 blocks, 4 heads (CI, SSL encoder)"},
-      {"vit-small", "vit", {}, 96, 4, 4, 4, 0, 0.0, "ViT, patch 4 (49 tokens), d=96, 4 blocks, 4 heads"},
-      {"gpt-tiny", "gpt", {}, 64, 2, 4, 64, 256, 0.0, "GPT, 2 layers, d=64, 4 heads, seq 64 (CI)"},
-      {"gpt-small", "gpt", {}, 256, 4, 4, 128, 1024, 0.0, "GPT, 4 layers, d=256, seq 128"},
-      {"gpt-125m", "gpt", {}, 768, 12, 12, 1024, 50304, 0.0, "GPT-2 small shape, 124M (GPU)"},
-      {"gpt-1b", "gpt", {}, 2048, 24, 16, 2048, 50304, 0.0, "GPT, 24 layers, d=2048, 16 heads, seq 2048, 1.3B (GPU)"},
-  };
-  return presets;
+const ModelPreset& model_preset(const std::string& name) {
+  if (const ModelPreset* p = find_model_preset(name)) return *p;
+  throw UsageError("unknown model '" + name + "'");
 }
 
-const ModelPreset& model_preset(const std::string& name) {
-  for (const auto& p : model_presets())
-    if (p.name == name) return p;
-  throw UsageError("unknown model '" + name + "'");
+std::string sdpa_backend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal,
+                         bool enable_gqa) {
+  // The dispatcher's own choice (sdp::SDPBackend), asked with the arguments of the call it precedes, as
+  // autocast will cast them (SDPA is on its lower-precision list).
+  auto cast = [](const torch::Tensor& t) {
+    const auto dev = t.device().type();
+    return compat::autocast_enabled(dev) ? t.to(compat::autocast_dtype(dev)) : t;
+  };
+  const int64_t choice = at::_fused_sdp_choice(cast(q), cast(k), cast(v), {}, 0.0, causal, std::nullopt, enable_gqa);
+  switch (choice) {
+    case 0: return "math";
+    case 1: return "flash";
+    case 2: return "efficient";
+    case 3: return "cudnn";
+    case 4: return "overrideable";
+    default: return "none";
+  }
 }
 
 int64_t count_parameters(const torch::nn::Module& m) {
@@ -240,7 +239,8 @@ class Vit : public ReferenceModel, public PatchEncoder {
     embed_ = register_module("patch_embed", nn::Linear(p.seq_len * p.seq_len * s.channels, p.width));
     pos_ = register_parameter("pos_embed", torch::randn({1, patches_, p.width}) * 0.02);
     for (int64_t i = 0; i < p.layers; ++i)
-      blocks_.push_back(register_module("block" + std::to_string(i), std::make_shared<TransformerBlock>(p.width, p.heads, 0.0, /*causal=*/false)));
+      blocks_.push_back(register_module("block" + std::to_string(i), std::make_shared<TransformerBlock>(p.width, p.heads, 0.0, /*causal=*/false,
+                                                                                  p.attention == "sdpa")));
     norm_ = register_module("norm", nn::LayerNorm(nn::LayerNormOptions({p.width})));
     head_ = register_module("head", nn::Linear(p.width, s.classes));
     classes_ = s.classes;
@@ -273,6 +273,7 @@ class Vit : public ReferenceModel, public PatchEncoder {
     for (auto& b : blocks_) out.push_back(b.get());
     return out;
   }
+  std::string attention_backend() const override { return blocks_.empty() ? "" : blocks_[0]->backend(); }
   int64_t analytic_parameters() const override {
     const int64_t D = p_.width, pp = p_.seq_len * p_.seq_len * channels_;
     return pp * D + D + patches_ * D + p_.layers * (12 * D * D + 13 * D) + 2 * D + D * classes_ + classes_;
@@ -304,7 +305,8 @@ class Gpt : public ReferenceModel {
     pos_ = register_module("pos_emb", nn::Embedding(p.seq_len, p.width));
     for (int64_t i = 0; i < p.layers; ++i)
       blocks_.push_back(register_module("block" + std::to_string(i),
-                                        std::make_shared<TransformerBlock>(p.width, p.heads, p.dropout, /*causal=*/true)));
+                                        std::make_shared<TransformerBlock>(p.width, p.heads, p.dropout, /*causal=*/true,
+                                                                           p.attention == "sdpa")));
     ln_f_ = register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({p.width})));
     for (auto& param : parameters()) {
       // GPT-2's initialisation: N(0, 0.02) for weights, zero biases (LayerNorm keeps ones/zeros).
@@ -328,30 +330,27 @@ class Gpt : public ReferenceModel {
     for (auto& b : blocks_) out.push_back(b.get());
     return out;
   }
-  int64_t analytic_parameters() const override {
-    const int64_t D = p_.width, L = p_.layers;
-    return (p_.vocab + p_.seq_len) * D + L * (12 * D * D + 13 * D) + 2 * D;
-  }
+  std::string attention_backend() const override { return blocks_.empty() ? "" : blocks_[0]->backend(); }
+  int64_t analytic_parameters() const override { return analytic_decoder_parameters(p_); }
   int64_t tokens_per_sample() const override { return p_.seq_len; }
   double training_flops_per_sample() const override {
-    // N leaves out the position embedding (a lookup) but keeps the token embedding, whose matrix
-    // is the LM head's matmul.
-    const double n = static_cast<double>(analytic_parameters() - p_.seq_len * p_.width);
-    const double attention = 6.0 * p_.layers * p_.width * p_.seq_len;  // 6·L·H·Dh·S, H·Dh = D
-    return (6.0 * n + attention) * p_.seq_len;
+    return decoder_flops_per_token(p_, FlopConvention::Full) * static_cast<double>(p_.seq_len);
+  }
+  double causal_flops_per_sample() const override {
+    return decoder_flops_per_token(p_, FlopConvention::Causal) * static_cast<double>(p_.seq_len);
   }
   void set_checkpoint(const CheckpointPolicy& p) override {
     ReferenceModel::set_checkpoint(p);
     for (auto& b : blocks_) b->set_policy(p);
   }
-  // Per block and sample: the weight matmuls (2 x 12·D² per token) and the causal attention core
-  // (2·D·S per token, as in the FLOPs formula).
+  // Per block and sample: the weight matmuls (2 x 12·D² per token) and the attention core (QK^T and
+  // AV: 4·D·S per token, the full-attention convention of the FLOPs formula).
   std::vector<double> block_forward_flops() const override {
     const double D = static_cast<double>(p_.width), S = static_cast<double>(p_.seq_len);
-    return std::vector<double>(static_cast<size_t>(p_.layers), (2.0 * 12 * D * D + 2.0 * D * S) * S);
+    return std::vector<double>(static_cast<size_t>(p_.layers), (2.0 * 12 * D * D + 4.0 * D * S) * S);
   }
   double selective_forward_flops() const override {
-    return p_.layers * 2.0 * static_cast<double>(p_.width) * p_.seq_len * p_.seq_len;
+    return p_.layers * 4.0 * static_cast<double>(p_.width) * p_.seq_len * p_.seq_len;
   }
 
  private:
@@ -363,8 +362,8 @@ class Gpt : public ReferenceModel {
 
 }  // namespace
 
-TransformerBlock::TransformerBlock(int64_t d, int64_t heads, double dropout, bool causal)
-    : d_(d), heads_(heads), dropout_(dropout), causal_(causal) {
+TransformerBlock::TransformerBlock(int64_t d, int64_t heads, double dropout, bool causal, bool sdpa)
+    : d_(d), heads_(heads), dropout_(dropout), causal_(causal), sdpa_(sdpa) {
   ln1_ = register_module("ln1", nn::LayerNorm(nn::LayerNormOptions({d})));
   qkv_ = register_module("qkv", nn::Linear(d, 3 * d));
   proj_ = register_module("proj", nn::Linear(d, d));
@@ -382,6 +381,15 @@ torch::Tensor TransformerBlock::forward(const torch::Tensor& x) {
   auto core = [this, B, S, D, Dh](const torch::Tensor& packed) {
     auto heads = packed.view({B, S, 3, heads_, Dh}).permute({2, 0, 3, 1, 4});
     auto q = heads[0], k = heads[1], v = heads[2];  // [B,H,S,Dh]
+    if (sdpa_) {
+      // One fused call: no S x S tensor is kept where the kernel avoids it (flash, memory-efficient).
+      if (backend_.empty()) backend_ = sdpa_backend(q, k, v, causal_, false);
+      const double p = is_training() ? dropout_ : 0.0;
+      return at::scaled_dot_product_attention(q, k, v, {}, p, causal_, 1.0 / std::sqrt(static_cast<double>(Dh)))
+          .transpose(1, 2)
+          .reshape({B, S, D});
+    }
+    backend_ = "eager";
     auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(Dh));
     // The mask lives to the end of the core, as PyTorch's reference keeps it (the activation bytes
     // are compared with it to the byte).
@@ -404,14 +412,19 @@ double TransformerBlock::forward_flops(int64_t tokens) const {
 }
 
 std::shared_ptr<ReferenceModel> make_model(const ModelPreset& preset, const DataShape& shape) {
-  if (preset.family != "gpt" && shape.tokens())
+  if (!preset.language_model() && shape.tokens())
     throw UsageError("model '" + preset.name + "' needs image data (fashion-mnist or synthetic-images)");
+  if (preset.family == "llama") {
+    if (!shape.tokens() || shape.vocab > preset.vocab || shape.seq_len != preset.seq_len)
+      throw UsageError("model '" + preset.name + "' needs token data (data = text or synthetic-tokens)");
+    return make_llama(preset);
+  }
   if (preset.family == "mlp") return std::make_shared<Mlp>(preset, shape);
   if (preset.family == "cnn") return std::make_shared<Cnn>(preset, shape);
   if (preset.family == "vit") return std::make_shared<Vit>(preset, shape);
   if (preset.family == "gpt") {
-    if (!shape.tokens() || shape.vocab != preset.vocab || shape.seq_len != preset.seq_len)
-      throw UsageError("model '" + preset.name + "' needs token data (data = synthetic-tokens)");
+    if (!shape.tokens() || shape.vocab > preset.vocab || shape.seq_len != preset.seq_len)
+      throw UsageError("model '" + preset.name + "' needs token data (data = synthetic-tokens or text)");
     return std::make_shared<Gpt>(preset, shape);
   }
   throw UsageError("unknown model family '" + preset.family + "'");

@@ -1,10 +1,11 @@
 #pragma once
-// Reference models: MLP, ResNet-style CNN and GPT-style decoder, sized by named presets.
+// Reference models: MLP, ResNet-style CNN, ViT, GPT-style and Llama-3-style decoders, sized by a
+// ModelShape (a preset or dimensions given as data).
 //
 // Each model states its parameter count and its analytic training FLOPs (forward + backward) as
 // DESIGN.md defines them: matmul/conv FLOPs only (2 per multiply-add), times 3 for training; the
-// transformer uses 6·N + 6·L·H·Dh·S per token (DESIGN.md, torchtitan's convention), N being every
-// parameter but the position embedding.
+// decoders use core/model_shape.hpp's per-token count on the full-attention convention (torchtitan's),
+// and say the causal one beside it.
 #include <functional>
 #include <memory>
 #include <optional>
@@ -14,6 +15,7 @@
 #include <torch/torch.h>
 
 #include "core/hooks.hpp"
+#include "core/model_shape.hpp"
 #include "suites/techniques/checkpoint.hpp"
 
 namespace trainscope::suites {
@@ -30,16 +32,10 @@ struct Batch {
   torch::Tensor target;  // labels [B] or next tokens [B,S]
 };
 
-struct ModelPreset {
-  std::string name, family;  // family: mlp | cnn | gpt | vit
-  std::vector<int64_t> hidden;  // mlp: hidden widths; cnn: blocks per stage
-  int64_t width = 0;            // cnn: stem channels; gpt: model dim D
-  int64_t layers = 0, heads = 0, seq_len = 0, vocab = 0;  // gpt; vit: layers, heads (seq_len = patch size)
-  double dropout = 0.0;
-  std::string summary;
-};
+// A model's shape (core/model_shape.hpp): a preset, or dimensions given as data.
+using ModelPreset = trainscope::ModelShape;
+using trainscope::model_presets;
 
-const std::vector<ModelPreset>& model_presets();
 const ModelPreset& model_preset(const std::string& name);
 
 class ReferenceModel : public torch::nn::Module {
@@ -50,6 +46,11 @@ class ReferenceModel : public torch::nn::Module {
   virtual int64_t analytic_parameters() const = 0;
   virtual double training_flops_per_sample() const = 0;
   virtual int64_t tokens_per_sample() const { return 0; }
+  // The same FLOPs on the causal-attention convention (decoders; equal to the above elsewhere).
+  virtual double causal_flops_per_sample() const { return training_flops_per_sample(); }
+  // The attention kernel that ran ("eager", or SDPA's backend: "math", "flash", "efficient", "cudnn");
+  // empty for models without attention or before the first forward.
+  virtual std::string attention_backend() const { return ""; }
   virtual bool classifies() const { return tokens_per_sample() == 0; }
 
   // The encoder's representation before the classifier (image models): [B, feature_dim()].
@@ -109,21 +110,29 @@ class ReferenceModel : public torch::nn::Module {
 };
 
 std::shared_ptr<ReferenceModel> make_model(const ModelPreset& preset, const DataShape& shape);
+// The Llama 3 decoder (suites/models/llama.cpp).
+std::shared_ptr<ReferenceModel> make_llama(const ModelPreset& preset);
+
+// Which kernel at::scaled_dot_product_attention picks for these arguments ("math", "flash", ...).
+std::string sdpa_backend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal,
+                         bool enable_gqa);
 
 // A pre-norm transformer block (attention and a 4x MLP, each added to the residual stream): the GPT's
 // decoder block (causal, with dropout) and the ViT's encoder block (bidirectional, no dropout). With a
 // selective policy the attention core (scores, softmax, dropout) is recomputed in backward.
 class TransformerBlock : public torch::nn::Module {
  public:
-  TransformerBlock(int64_t d, int64_t heads, double dropout, bool causal);
+  TransformerBlock(int64_t d, int64_t heads, double dropout, bool causal, bool sdpa = false);
   torch::Tensor forward(const torch::Tensor& x);  // [B, L, D]
   double forward_flops(int64_t tokens) const;     // per sample
   void set_policy(const CheckpointPolicy& p) { policy_ = p; }
+  const std::string& backend() const { return backend_; }
 
  private:
   int64_t d_, heads_;
   double dropout_;
-  bool causal_;
+  bool causal_, sdpa_;
+  std::string backend_;
   CheckpointPolicy policy_;
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
   torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, fc_{nullptr}, fc_proj_{nullptr};

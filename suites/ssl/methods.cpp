@@ -470,7 +470,7 @@ class Mae : public SslObjective {
 
 std::string unsupported_method(const RunConfig& c, const ModelPreset& preset) {
   if (c.method == "supervised") return "";
-  if (preset.family == "gpt") return c.method + " pre-trains image encoders; " + preset.name + " is a language model";
+  if (preset.language_model()) return c.method + " pre-trains image encoders; " + preset.name + " is a language model";
   if (c.method == "mae" && preset.family != "vit") return "mae masks patches: it needs a vit model, not " + preset.name;
   if ((c.method == "byol" || c.method == "dino") && c.parallel == "zero3")
     return c.method + "'s EMA teacher needs the student's full parameters after every step; zero3 holds only shards";

@@ -186,7 +186,7 @@ def make_model(preset, dropout=0.0, image_shape=(1, 28, 28), classes=10):
 
 def blocks_of(model):
     """The units a sharding strategy wraps, as trainscope's zero3 does: one per block."""
-    if isinstance(model, Gpt):
+    if hasattr(model, "blocks"):  # Gpt, hf_llama.HfLlama
         return model.blocks()
     if isinstance(model, Cnn):
         return [getattr(model, f"block{i}") for i in range(model.nblocks)]

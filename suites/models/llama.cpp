@@ -169,9 +169,9 @@ class LlamaBlock : public nn::Module {
   nn::Linear gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
 };
 
-class Llama : public ReferenceModel {
+class Llama : public DecoderModel {
  public:
-  explicit Llama(const ModelPreset& p) : p_(p), inv_freq_(rope_inverse_frequencies(p)) {
+  explicit Llama(const ModelPreset& p) : DecoderModel(p), inv_freq_(rope_inverse_frequencies(p)) {
     embed_tokens_ = register_module("embed_tokens", nn::Embedding(p.vocab, p.width));
     for (int64_t i = 0; i < p.layers; ++i)
       blocks_.push_back(register_module("block" + std::to_string(i), std::make_shared<LlamaBlock>(p)));
@@ -210,14 +210,6 @@ class Llama : public ReferenceModel {
     for (auto& b : blocks_) b->set_policy(p);
   }
   std::string attention_backend() const override { return blocks_.empty() ? "" : blocks_[0]->backend(); }
-  int64_t analytic_parameters() const override { return analytic_decoder_parameters(p_); }
-  int64_t tokens_per_sample() const override { return p_.seq_len; }
-  double training_flops_per_sample() const override {
-    return decoder_flops_per_token(p_, FlopConvention::Full) * static_cast<double>(p_.seq_len);
-  }
-  double causal_flops_per_sample() const override {
-    return decoder_flops_per_token(p_, FlopConvention::Causal) * static_cast<double>(p_.seq_len);
-  }
   // Per block and sample: the weight matmuls (q, k, v, o, gate, up, down) and the full S x S attention
   // core (QK^T and AV, 4·H·Dh·S per token), the convention of training_flops_per_sample.
   std::vector<double> block_forward_flops() const override {
@@ -237,7 +229,6 @@ class Llama : public ReferenceModel {
     if (t == torch::kDouble) return std::numeric_limits<double>::lowest();
     return std::numeric_limits<float>::lowest();
   }
-  ModelPreset p_;
   torch::Tensor inv_freq_;
   nn::Embedding embed_tokens_{nullptr};
   std::vector<std::shared_ptr<LlamaBlock>> blocks_;

@@ -298,9 +298,9 @@ class Vit : public ReferenceModel, public PatchEncoder {
 };
 
 // ---- GPT-style decoder ----------------------------------------------------------------------------
-class Gpt : public ReferenceModel {
+class Gpt : public DecoderModel {
  public:
-  Gpt(const ModelPreset& p, const DataShape&) : p_(p) {
+  Gpt(const ModelPreset& p, const DataShape&) : DecoderModel(p) {
     tok_ = register_module("tok_emb", nn::Embedding(p.vocab, p.width));
     pos_ = register_module("pos_emb", nn::Embedding(p.seq_len, p.width));
     for (int64_t i = 0; i < p.layers; ++i)
@@ -331,14 +331,6 @@ class Gpt : public ReferenceModel {
     return out;
   }
   std::string attention_backend() const override { return blocks_.empty() ? "" : blocks_[0]->backend(); }
-  int64_t analytic_parameters() const override { return analytic_decoder_parameters(p_); }
-  int64_t tokens_per_sample() const override { return p_.seq_len; }
-  double training_flops_per_sample() const override {
-    return decoder_flops_per_token(p_, FlopConvention::Full) * static_cast<double>(p_.seq_len);
-  }
-  double causal_flops_per_sample() const override {
-    return decoder_flops_per_token(p_, FlopConvention::Causal) * static_cast<double>(p_.seq_len);
-  }
   void set_checkpoint(const CheckpointPolicy& p) override {
     ReferenceModel::set_checkpoint(p);
     for (auto& b : blocks_) b->set_policy(p);
@@ -354,7 +346,6 @@ class Gpt : public ReferenceModel {
   }
 
  private:
-  ModelPreset p_;
   nn::Embedding tok_{nullptr}, pos_{nullptr};
   std::vector<std::shared_ptr<TransformerBlock>> blocks_;
   nn::LayerNorm ln_f_{nullptr};

@@ -109,6 +109,24 @@ class ReferenceModel : public torch::nn::Module {
   BlockWrapper block_wrapper_;
 };
 
+// The decoders (GPT, Llama): parameters, tokens and FLOPs follow from the shape alone
+// (core/model_shape.hpp), on the full-attention convention with the causal one beside it.
+class DecoderModel : public ReferenceModel {
+ public:
+  explicit DecoderModel(ModelPreset p) : p_(std::move(p)) {}
+  int64_t analytic_parameters() const override { return analytic_decoder_parameters(p_); }
+  int64_t tokens_per_sample() const override { return p_.seq_len; }
+  double training_flops_per_sample() const override {
+    return decoder_flops_per_token(p_, FlopConvention::Full) * static_cast<double>(p_.seq_len);
+  }
+  double causal_flops_per_sample() const override {
+    return decoder_flops_per_token(p_, FlopConvention::Causal) * static_cast<double>(p_.seq_len);
+  }
+
+ protected:
+  ModelPreset p_;
+};
+
 std::shared_ptr<ReferenceModel> make_model(const ModelPreset& preset, const DataShape& shape);
 // The Llama 3 decoder (suites/models/llama.cpp).
 std::shared_ptr<ReferenceModel> make_llama(const ModelPreset& preset);

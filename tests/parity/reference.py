@@ -462,11 +462,16 @@ def activation_check(cell, run):
     if is_llama(cell):
         return llama_activation_check(cell, ours, theirs, name)
     family, _, _, layers, *_ = PRESETS[cfg["model"]]
-    wrapped_scalars = 8 * layers if family == "gpt" else 0
-    if wrapped_scalars and ours is not None and theirs == ours + wrapped_scalars:
-        return value_check(name, ours, theirs, design=(
-            f"{wrapped_scalars} B = 8 B x {layers} blocks: Python passes the attention's 1/sqrt(Dh) as a 0-dim "
-            "float64 tensor (aten::div.Tensor) that autograd saves; C++ dispatches aten::div.Scalar"))
+    return wrapped_scalar_check(name, ours, theirs, layers if family == "gpt" else 0, "blocks",
+                                "Python passes the attention's 1/sqrt(Dh) as a 0-dim float64 tensor (aten::div.Tensor) "
+                                "that autograd saves; C++ dispatches aten::div.Scalar")
+
+
+def wrapped_scalar_check(name, ours, theirs, count, unit, why):
+    """Equal bytes, or PyTorch's side 8 B per `unit` above ours exactly: a Python number wrapped in a
+    0-dim float64 tensor that autograd saves, where C++ passes the number itself."""
+    if count and ours is not None and theirs == ours + 8 * count:
+        return value_check(name, ours, theirs, design=f"{8 * count} B = 8 B x {count} {unit}: {why}")
     return value_check(name, ours, theirs)
 
 
@@ -519,12 +524,9 @@ def llama_activation_check(cell, ours, theirs, name):
     operator* dispatches aten::mul.Scalar, which saves the number itself. SDPA takes the scale as an
     argument: no difference."""
     shape = cell["model"]["shape"]
-    wrapped = 8 * shape["layers"] if shape.get("attention") != "sdpa" else 0
-    if wrapped and ours is not None and theirs == ours + wrapped:
-        return value_check(name, ours, theirs, design=(
-            f"{wrapped} B = 8 B x {shape['layers']} layers: HF multiplies the scores by its scaling as a 0-dim "
-            "float64 tensor (aten::mul.Tensor) that autograd saves; C++ dispatches aten::mul.Scalar"))
-    return value_check(name, ours, theirs)
+    return wrapped_scalar_check(name, ours, theirs, shape["layers"] if shape.get("attention") != "sdpa" else 0,
+                                "layers", "HF multiplies the scores by its scaling as a 0-dim float64 tensor "
+                                "(aten::mul.Tensor) that autograd saves; C++ dispatches aten::mul.Scalar")
 
 
 def llama_flop_checks(cell, dump):

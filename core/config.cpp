@@ -50,7 +50,7 @@ const std::vector<KeySpec>& config_keys() {
       {"norm_eps", KeyKind::Float, {}, 0.0, "llama: RMSNorm epsilon; 0: the preset's (1e-5)", 0},
       {"attention", KeyKind::Choice, {"auto", "eager", "sdpa"}, "auto",
        "attention of gpt, llama and vit: eager (matmul, mask, softmax, matmul) or sdpa (at::scaled_dot_product_attention: "
-       "flash / memory-efficient / cuDNN kernels on CUDA); auto: sdpa on CUDA, and on CPU from seq_len 256 (measured, README)"},
+       "flash / memory-efficient / cuDNN kernels on CUDA); auto: sdpa on CUDA, and on CPU from seq_len 256 (README)"},
       {"data", KeyKind::Choice, {"auto", "fashion-mnist", "synthetic-images", "synthetic-tokens", "text"},
        "auto", "data source; auto: Fashion-MNIST for image models, synthetic tokens for GPT, text for Llama; text: "
        "English from Debian's fortunes as byte-level tokens (vocab >= 256)"},

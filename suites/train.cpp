@@ -89,6 +89,8 @@ std::string unsupported_reason(const RunConfig& c, const std::string& device) {
   const bool token_data = data == "synthetic-tokens" || data == "text";
   if (m.language_model() && !token_data) return "model " + m.name + " needs token data, not " + data;
   if (!m.language_model() && token_data) return "model " + m.name + " needs image data, not " + data;
+  if (data == "text" && !text_available())
+    return "data 'text' needs Debian's fortunes in " + text_dir() + " (apt-get install fortunes)";
   if (data == "fashion-mnist" && !fashion_mnist_available())
     return "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)";
   return "";

@@ -186,6 +186,10 @@ TEST(Data, TextIsFortunesAsBytes) {
   small.vocab = 100;
   EXPECT_NE(test::error_of([&] { make_data("text", small, 0); }).find("vocab must be at least 256"), std::string::npos);
   setenv("TRAINSCOPE_TEXT_DIR", "/nonexistent", 1);
+  // A cell that would read it is skipped, saying which package brings it.
+  RunConfig cell;
+  cell.model = "llama-tiny";
+  EXPECT_NE(unsupported_reason(cell, "cpu").find("apt-get install fortunes"), std::string::npos);
   try {
     make_data("text", llama, 0);
     ADD_FAILURE() << "no error for a missing corpus";

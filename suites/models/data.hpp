@@ -40,6 +40,7 @@ std::string fashion_mnist_dir();
 bool fashion_mnist_available();
 // Where data = text reads its fortune files: $TRAINSCOPE_TEXT_DIR or Debian's location.
 std::string text_dir();
+bool text_available();
 
 // Reads one gzipped IDX file (images: uint8 [N,H,W]; labels: uint8 [N]); throws on a bad file.
 torch::Tensor read_idx_gz(const std::string& path);

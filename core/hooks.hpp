@@ -58,6 +58,9 @@ struct StepInfo {
   int64_t step = 0;         // 0-based, warm-up steps included
   bool measured = false;    // false during warm-up
   int64_t samples = 0;      // samples in this step (global)
+  // A sampling probe (per-block statistics, embeddings) runs inside this step: its own temporaries
+  // count in the step's memory, so the memory probe keeps such steps apart.
+  bool instrumented = false;
   // Filled for step_end:
   at::Tensor loss;               // the true loss (device tensor, not synchronised)
   double loss_scale = 0;         // the scale this step used; 0 without a scaler

@@ -9,11 +9,25 @@
 #include <sstream>
 
 #include "core/units.hpp"
+#include "reports/html.hpp"
 #include "reports/render.hpp"
 #include "reports/report.hpp"
 
 namespace trainscope::reports {
-namespace {
+
+json chart(const std::string& id, const std::string& title, const std::string& type, json data, json options) {
+  // Chart.js 3 draws every dataset grey unless told: a colour-blind-safe palette (Okabe-Ito).
+  static const char* palette[] = {"#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"};
+  for (size_t i = 0; i < data["datasets"].size(); ++i) {
+    json& d = data["datasets"][i];
+    if (!d.contains("borderColor")) d["borderColor"] = palette[i % 8];
+    if (!d.contains("backgroundColor")) d["backgroundColor"] = palette[i % 8];
+  }
+  options["animation"] = false;
+  options["responsive"] = true;
+  options["plugins"]["title"] = {{"display", true}, {"text", title}};
+  return {{"id", id}, {"title", title}, {"config", {{"type", type}, {"data", data}, {"options", options}}}};
+}
 
 std::string esc(const std::string& s) {
   std::string out;
@@ -29,7 +43,6 @@ std::string esc(const std::string& s) {
   return out;
 }
 
-// JSON inside a <script>: "</" would end the element.
 std::string script_json(const json& j) {
   std::string s = j.dump();
   std::string out;
@@ -39,6 +52,8 @@ std::string script_json(const json& j) {
   }
   return out;
 }
+
+namespace {
 
 void html_table(std::ostringstream& out, const json& columns, const json& rows) {
   out << "<table><tr>";
@@ -57,20 +72,6 @@ json points(const json& pairs) {
   for (const auto& xy : pairs)
     if (xy.is_array() && xy.size() == 2 && xy[0].is_number() && xy[1].is_number()) p.push_back({{"x", xy[0]}, {"y", xy[1]}});
   return p;
-}
-
-json chart(const std::string& id, const std::string& title, const std::string& type, json data, json options = json::object()) {
-  // Chart.js 3 draws every dataset grey unless told: a colour-blind-safe palette (Okabe-Ito).
-  static const char* palette[] = {"#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"};
-  for (size_t i = 0; i < data["datasets"].size(); ++i) {
-    json& d = data["datasets"][i];
-    if (!d.contains("borderColor")) d["borderColor"] = palette[i % 8];
-    if (!d.contains("backgroundColor")) d["backgroundColor"] = palette[i % 8];
-  }
-  options["animation"] = false;
-  options["responsive"] = true;
-  options["plugins"]["title"] = {{"display", true}, {"text", title}};
-  return {{"id", id}, {"title", title}, {"config", {{"type", type}, {"data", data}, {"options", options}}}};
 }
 
 // Every plot the report has data for.
@@ -244,6 +245,43 @@ std::string heat_map(const json& report) {
 
 }  // namespace
 
+std::string page_head(const std::string& title, size_t charts_expected) {
+  std::ostringstream out;
+  out << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+      << "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'unsafe-inline'; "
+         "style-src 'unsafe-inline'; img-src data:\">\n"
+      << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+      << "<title>" << esc(title) << "</title>\n<style>\n"
+      << "body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;margin:1em 0}"
+         "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}th{background:#f3f3f3}"
+         ".chart{margin:1.5em 0}.warn{color:#a60}.critical{color:#b00}.info{color:#036}code{font-size:12px}\n"
+      << "</style></head>\n<body data-charts-expected=\"" << charts_expected
+      << "\" data-charts-drawn=\"0\" data-errors=\"\">\n";
+  return out.str();
+}
+
+std::string chart_scripts(const json& charts, const std::string& chartjs, const std::string& chartjs_path) {
+  std::ostringstream out;
+  if (chartjs.empty()) {
+    out << "<p class=\"warn\">Chart.js was not found at " << esc(chartjs_path)
+        << " (apt-get install libjs-chart.js, then trainscope report DIR): the plots are left out.</p>\n";
+  } else {
+    for (const auto& c : charts)
+      out << "<div class=\"chart\"><canvas id=\"" << esc(c["id"].get<std::string>()) << "\"></canvas></div>\n";
+    // Errors and the number of charts drawn are written onto <body>, where a test (or a person) reads them.
+    out << "<script>window.addEventListener('error', function (e) { var b = document.body;"
+           " b.dataset.errors = (b.dataset.errors ? b.dataset.errors + '; ' : '') + e.message; });</script>\n";
+    out << "<script>\n" << chartjs << "\n</script>\n";
+    out << "<script>\nvar TRAINSCOPE_CHARTS = " << script_json(charts) << ";\n"
+        << "TRAINSCOPE_CHARTS.forEach(function (c) {\n"
+           "  var chart = new Chart(document.getElementById(c.id), c.config);\n"
+           "  var points = chart.data.datasets.reduce(function (n, d) { return n + d.data.length; }, 0);\n"
+           "  if (points > 0) document.body.dataset.chartsDrawn = String(Number(document.body.dataset.chartsDrawn) + 1);\n"
+           "});\n</script>\n";
+  }
+  return out.str();
+}
+
 std::string render_html(const json& report, const std::string& chartjs_path) {
   std::string chartjs;
   {
@@ -253,15 +291,7 @@ std::string render_html(const json& report, const std::string& chartjs_path) {
   const json charts = chart_specs(report);
   std::ostringstream out;
   const std::string title = "trainscope report: " + report["suite"].value("name", std::string("?"));
-  out << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
-      << "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'unsafe-inline'; "
-         "style-src 'unsafe-inline'; img-src data:\">\n"
-      << "<title>" << esc(title) << "</title>\n<style>\n"
-      << "body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;margin:1em 0}"
-         "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}th{background:#f3f3f3}"
-         ".chart{margin:1.5em 0}.warn{color:#a60}.critical{color:#b00}.info{color:#036}code{font-size:12px}\n"
-      << "</style></head>\n<body data-charts-expected=\"" << (chartjs.empty() ? 0 : charts.size())
-      << "\" data-charts-drawn=\"0\" data-errors=\"\">\n";
+  out << page_head(title, chartjs.empty() ? 0 : charts.size());
   out << "<h1>" << esc(title) << "</h1>\n<p>Created " << esc(report.value("created", "?")) << " by trainscope "
       << esc(report["trainscope"].value("version", "?")) << " (" << esc(report["trainscope"].value("commit", "?"))
       << ").</p>\n";
@@ -307,23 +337,7 @@ std::string render_html(const json& report, const std::string& chartjs_path) {
   if (!unfinished.empty()) out << "<h2>Cells that did not finish or were skipped</h2>\n<ul>" << unfinished << "</ul>\n";
 
   out << "<h2>Plots</h2>\n";
-  if (chartjs.empty()) {
-    out << "<p class=\"warn\">Chart.js was not found at " << esc(chartjs_path)
-        << " (apt-get install libjs-chart.js, then trainscope report DIR): the plots are left out.</p>\n";
-  } else {
-    for (const auto& c : charts)
-      out << "<div class=\"chart\"><canvas id=\"" << esc(c["id"].get<std::string>()) << "\"></canvas></div>\n";
-    // Errors and the number of charts drawn are written onto <body>, where a test (or a person) reads them.
-    out << "<script>window.addEventListener('error', function (e) { var b = document.body;"
-           " b.dataset.errors = (b.dataset.errors ? b.dataset.errors + '; ' : '') + e.message; });</script>\n";
-    out << "<script>\n" << chartjs << "\n</script>\n";
-    out << "<script>\nvar TRAINSCOPE_CHARTS = " << script_json(charts) << ";\n"
-        << "TRAINSCOPE_CHARTS.forEach(function (c) {\n"
-           "  var chart = new Chart(document.getElementById(c.id), c.config);\n"
-           "  var points = chart.data.datasets.reduce(function (n, d) { return n + d.data.length; }, 0);\n"
-           "  if (points > 0) document.body.dataset.chartsDrawn = String(Number(document.body.dataset.chartsDrawn) + 1);\n"
-           "});\n</script>\n";
-  }
+  out << chart_scripts(charts, chartjs, chartjs_path);
   out << "</body></html>\n";
   return out.str();
 }

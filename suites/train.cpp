@@ -1,5 +1,6 @@
 #include "suites/train.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -319,6 +320,8 @@ torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
   batch.target = batch.target.to(device_, /*non_blocking=*/true);
   observers_ = hooks.block_observers();
   current_step_ = step;
+  si.instrumented = hooks.wants_embeddings(step) ||
+                    std::any_of(observers_.begin(), observers_.end(), [step](BlockObserver* o) { return o->wants(step); });
 
   if (parity_ && step == 0) {
     auto gen = at::detail::getDefaultCPUGenerator();

@@ -67,18 +67,25 @@ void MemoryProbe::step_begin(const StepInfo&) {
 }
 void MemoryProbe::forward_end(const StepInfo&) {
   const int64_t p = phase_end();
+  step_phase_[0] = p;
   forward_ = std::max(forward_, p);
   activation_ = std::max(activation_, p - step_start_);
   AccountingAllocator::set_phase("backward");
   phase_begin();
 }
 void MemoryProbe::backward_end(const StepInfo&) {
-  backward_ = std::max(backward_, phase_end());
+  step_phase_[1] = phase_end();
+  backward_ = std::max(backward_, step_phase_[1]);
   AccountingAllocator::set_phase("optimizer");
   phase_begin();
 }
-void MemoryProbe::optimizer_end(const StepInfo&) {
-  optimizer_ = std::max(optimizer_, phase_end());
+void MemoryProbe::optimizer_end(const StepInfo& s) {
+  step_phase_[2] = phase_end();
+  optimizer_ = std::max(optimizer_, step_phase_[2]);
+  if (!s.instrumented) {
+    plain_seen_ = true;
+    for (int i = 0; i < 3; ++i) plain_phase_[i] = std::max(plain_phase_[i], step_phase_[i]);
+  }
   AccountingAllocator::set_phase("between steps");
 }
 
@@ -96,6 +103,14 @@ json MemoryProbe::section() const {
   j["peak_bytes"] = peak_;
   j["baseline_bytes"] = baseline_;  // live at run start: data, parameters, anything made before
   j["phase_peak_bytes"] = {{"forward", forward_}, {"backward", backward_}, {"optimizer", optimizer_}};
+  // The training step alone: the phase peaks over the steps in which no sampling probe (per-block
+  // statistics, embeddings) ran, whose own temporaries would otherwise count (null: every step was sampled).
+  if (plain_seen_) {
+    j["step_peak_bytes"] = std::max({plain_phase_[0], plain_phase_[1], plain_phase_[2]});
+    j["step_phase_peak_bytes"] = {{"forward", plain_phase_[0]}, {"backward", plain_phase_[1]}, {"optimizer", plain_phase_[2]}};
+  } else {
+    j["step_peak_bytes"] = nullptr;
+  }
   // Activation memory: how far the forward pass rises above what was live when its step began
   // (parameters, gradients, optimizer state and the batch), the largest over the measured steps.
   j["activation_bytes"] = activation_;

@@ -57,6 +57,9 @@ class MemoryProbe : public Probe {
   int device_index_ = 0;
   int64_t step_start_ = 0, activation_ = 0;
   int64_t baseline_ = 0, forward_ = 0, backward_ = 0, optimizer_ = 0, peak_ = 0;
+  // This step's phase peaks, and their maxima over the steps no sampling probe ran in.
+  int64_t step_phase_[3] = {0, 0, 0}, plain_phase_[3] = {0, 0, 0};
+  bool plain_seen_ = false;
   int64_t reserved_peak_ = 0, alloc_retries_ = 0, ooms_ = 0;
   ModelStateBytes model_state_;
   bool have_end_ = false;

@@ -24,6 +24,7 @@
 #include "runners/process/cell.hpp"
 #include "runners/process/launch.hpp"
 #include "runners/commands/parity.hpp"
+#include "runners/commands/plan.hpp"
 #include "runners/commands/suite_run.hpp"
 #include "suites/models/data.hpp"
 #include "suites/hardware/measure.hpp"
@@ -279,6 +280,22 @@ int cli_main(int argc, char** argv) {
   peak_cmd->add_flag("--thorough", peak_thorough, "the long shape sweep");
   peak_cmd->add_option("--out", peak_out, "also write the results as JSON to this file");
 
+  PlanArgs plan;
+  auto* plan_cmd = app.add_subcommand("plan", "Will a model fit on a cluster, how fast, with which settings: predicted, or checked against a results folder");
+  plan_cmd->add_option("--check", plan.check, "a results folder: predict each of its cells and print predicted beside measured");
+  std::vector<std::string> plan_sets;
+  plan_cmd->add_option("--model", plan.model, "a preset (trainscope list) or a family with --set dimensions")->capture_default_str();
+  plan_cmd->add_option("--gpus-per-node", plan.gpus_per_node, "GPUs per node")->capture_default_str();
+  plan_cmd->add_option("--nodes", plan.nodes, "nodes")->capture_default_str();
+  plan_cmd->add_option("--device", plan.device, "the GPU's datasheet: H100-SXM, H100-PCIe, H200, A100-80GB, A100-40GB, B200, MI300X")->capture_default_str();
+  plan_cmd->add_option("--seq", plan.seq, "sequence length (default: the model's)");
+  plan_cmd->add_option("--global-batch", plan.global_batch, "tokens per optimizer step: 1048576, 4M (x 2^20), 512K (default 1M)");
+  plan_cmd->add_option("--memory-headroom", plan.headroom, "device memory kept free (context, workspaces, fragmentation)")->capture_default_str();
+  plan_cmd->add_option("--set", plan_sets, "fix an axis (precision, parallel, checkpoint, attention, batch_size) or a model dimension: --set key=value");
+  plan_cmd->add_option("--out", plan.out, "also write plan.json, plan.md and plan.html into this folder");
+  plan_cmd->add_option("--hardware", plan.hardware, "results folder of `trainscope run --suite hardware` on the device: its measured GEMM, memory and collective figures");
+  plan_cmd->add_option("--format", plan.format, "text | md | json")->check(CLI::IsMember({"text", "md", "json"}));
+
   std::string export_report;
   bool export_bmf = false;
   auto* export_cmd = app.add_subcommand("export", "Write a report's figures for dashboards");
@@ -305,7 +322,7 @@ int cli_main(int argc, char** argv) {
     bool known = false;
     for (const auto* sub : app.get_subcommands({})) known = known || sub->check_name(word);
     if (!known) {
-      std::fprintf(stderr, "trainscope: error: unknown command '%s' (allowed: run, list, env, report, compare, parity, peak, export, trace)\n", word.c_str());
+      std::fprintf(stderr, "trainscope: error: unknown command '%s' (allowed: run, list, env, report, compare, parity, peak, plan, export, trace)\n", word.c_str());
       return 2;
     }
   }
@@ -343,6 +360,10 @@ int cli_main(int argc, char** argv) {
       return parity_command(parity);
     }
     if (trace_cmd->parsed()) return trace_command(trace_dir);
+    if (plan_cmd->parsed()) {
+      for (const auto& kv : plan_sets) plan.sets.push_back(split_set(kv));
+      return plan_command(plan);
+    }
     if (export_cmd->parsed()) {
       std::cout << reports::export_bmf(reports::read_report(export_report)).dump(2) << "\n";
       return 0;

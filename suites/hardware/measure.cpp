@@ -166,6 +166,16 @@ json gemm_peak(const std::string& device, const std::string& dtype, bool thoroug
   out["best_median_flops_per_s"] = best_median.median;
   out["best_max_flops_per_s"] = best_max.max;
   out["shapes"] = shapes;
+  // The planner's efficiency curve: GEMMs of the sizes training runs (m tokens x d x d), achieved
+  // FLOP/s by size, median of the timed iterations.
+  json curve = json::array();
+  const int64_t m = cuda ? 8192 : 2048;
+  for (int64_t d : cuda ? std::vector<int64_t>{256, 512, 1024, 2048, 4096, 8192} : std::vector<int64_t>{32, 64, 128, 256, 512, 1024}) {
+    const GemmShape s{m, d, d};
+    const GemmTiming g = time_gemm(device, dtype, s, warmup, iterations);
+    curve.push_back({{"shape", shape_json(s)}, {"median_flops_per_s", g.median}});
+  }
+  out["curve"] = curve;
   const std::string name = device_name(device);
   out["device_name"] = name;
   if (const auto peak = datasheet_peak_flops(name, dtype)) {
@@ -193,7 +203,43 @@ json memory_bandwidth(const std::string& device) {
   }
   const Summary st = summarize(rates);
   const double best = st.max;
-  json out{{"method", "copy_ of a " + std::to_string(bytes >> 20) + " MiB buffer, bytes read + written per second, best of " +
+  // The planner's bandwidth curve (copies of cache- to memory-sized buffers) and the cost of one
+  // operator: a forward op on a one-element tensor that wants a gradient (dispatch, output, autograd
+  // node), and one backward node (medians).
+  json curve = json::array();
+  for (int64_t b : cuda ? std::vector<int64_t>{1 << 20, 16 << 20, 256 << 20} : std::vector<int64_t>{256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20}) {
+    torch::Tensor s2 = torch::ones({b}, opts), d2 = torch::empty({b}, opts);
+    d2.copy_(s2);
+    sync(device);
+    std::vector<double> r2;
+    for (int i = 0; i < 7; ++i) {
+      const double t = time_once(device, [&] { d2.copy_(s2); });
+      if (t > 0) r2.push_back(2.0 * static_cast<double>(b) / t);
+    }
+    curve.push_back({{"bytes", b}, {"median_gbps", summarize(r2).p50 / 1e9}});
+  }
+  double op_s = 0, node_s = 0;
+  {
+    torch::AutoGradMode grad(true);
+    const int n = 400;
+    torch::Tensor x = torch::ones({1}, torch::TensorOptions().device(device).requires_grad(true));
+    std::vector<double> fwd, bwd;
+    for (int rep = 0; rep < 5; ++rep) {
+      torch::Tensor y;
+      const double tf = time_once(device, [&] {
+        y = x;
+        for (int i = 0; i < n; ++i) y = y * 1.0001;
+      });
+      const double tb = time_once(device, [&] { y.backward(); });
+      fwd.push_back(tf / n);
+      bwd.push_back(tb / n);
+      x.mutable_grad() = torch::Tensor();
+    }
+    op_s = summarize(fwd).p50;
+    node_s = summarize(bwd).p50;
+  }
+  json out{{"curve", curve}, {"op_overhead_s", op_s}, {"backward_node_s", node_s},
+           {"method", "copy_ of a " + std::to_string(bytes >> 20) + " MiB buffer, bytes read + written per second, best of " +
                           std::to_string(rates.size())},
            {"bytes", bytes},
            {"bandwidth_gbps", best / 1e9},

@@ -1,0 +1,211 @@
+#include "plan/device.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/errors.hpp"
+
+namespace trainscope::plan {
+
+double Curve::at(double x) const {
+  if (points.empty()) return 0;
+  if (x <= points.front().first) return points.front().second;
+  if (x >= points.back().first) return points.back().second;
+  for (size_t i = 1; i < points.size(); ++i) {
+    if (x > points[i].first) continue;
+    const auto [x0, y0] = points[i - 1];
+    const auto [x1, y1] = points[i];
+    const double f = (std::log(x) - std::log(x0)) / (std::log(x1) - std::log(x0));
+    return std::exp(std::log(y0) + f * (std::log(y1) - std::log(y0)));
+  }
+  return points.back().second;
+}
+
+double DeviceProfile::gemm_seconds(const std::string& dtype, double m, double n, double k, double batch) const {
+  const double flops = 2.0 * m * n * k;
+  auto c = gemm_curve.find(dtype);
+  double rate = c != gemm_curve.end() && !c->second.empty() ? c->second.at(flops) : gemm_rate.at(dtype);
+  // Roofline: a GEMM also reads its operands and writes its product at least once.
+  const double elem = dtype == "fp32" || dtype == "tf32" ? 4 : dtype == "fp8" ? 1 : 2;
+  const double bytes = (m * k + k * n + m * n) * elem;
+  return batch * std::max(flops / rate, memory_seconds(bytes));
+}
+
+double DeviceProfile::memory_seconds(double bytes) const { return bytes > 0 ? bytes / bandwidth.at(bytes) : 0; }
+
+double DeviceProfile::collective_seconds(const std::string& op, double bytes, int64_t ranks, bool inter) const {
+  if (ranks < 2 || bytes <= 0) return 0;
+  const double n = static_cast<double>(ranks);
+  const double factor = op == "all-reduce" ? 2 * (n - 1) / n : (n - 1) / n;
+  double bw;
+  if (inter) {
+    bw = inter_busbw;
+  } else {
+    auto c = busbw.find(op);
+    if (c == busbw.end()) c = busbw.find("all-reduce");
+    bw = c != busbw.end() ? c->second.at(bytes) : 0;
+  }
+  if (bw <= 0) return 0;
+  return (inter ? inter_latency_s : latency_s) + bytes * factor / bw;
+}
+
+json DeviceProfile::to_json() const {
+  json gemm = json::object();
+  for (const auto& [d, r] : gemm_rate) gemm[d] = {{"rate_flops_per_s", r}, {"peak_flops_per_s", peak_flops.count(d) ? json(peak_flops.at(d)) : json()}};
+  return {{"name", name},
+          {"source", source},
+          {"gpu", gpu},
+          {"memory_bytes", memory_bytes},
+          {"gemm", gemm},
+          {"bandwidth_bytes_per_s", bandwidth.empty() ? json() : json(bandwidth.points.back().second)},
+          {"op_overhead_s", op_overhead_s},
+          {"collective_latency_s", latency_s},
+          {"inter_node_busbw_bytes_per_s", inter_busbw},
+          {"sources", sources}};
+}
+
+namespace {
+
+struct Sheet {
+  const char* name;
+  double memory_gb;  // HBM capacity, 1e9 bytes
+  double fp32, tf32, bf16, fp8;  // dense TFLOPS
+  double hbm_gbps;
+  double nvlink_gbps;  // per direction per GPU
+  double network_gbps;  // per GPU across nodes (one NIC per GPU)
+};
+
+// NVIDIA's and AMD's datasheets, dense (half of the "with sparsity" figures); NVLink per direction
+// (half the bidirectional figure); one 400 Gb/s NIC per GPU across nodes (DGX / HGX systems).
+const std::vector<Sheet>& sheets() {
+  static const std::vector<Sheet> s = {
+      {"H100-SXM", 80, 67, 494.5, 989, 1979, 3350, 450, 50},
+      {"H100-PCIe", 80, 51, 378, 756, 1513, 2000, 300, 50},
+      {"H200", 141, 67, 494.5, 989, 1979, 4800, 450, 50},
+      {"A100-80GB", 80, 19.5, 156, 312, 0, 2039, 300, 25},
+      {"A100-40GB", 40, 19.5, 156, 312, 0, 1555, 300, 25},
+      {"B200", 180, 0, 1100, 2250, 4500, 8000, 900, 50},
+      {"MI300X", 192, 163.4, 653.7, 1307.4, 2614.9, 5300, 448, 50},
+  };
+  return s;
+}
+
+Curve flat(double v) { return Curve{{{1.0, v}}}; }
+
+}  // namespace
+
+std::vector<std::string> datasheet_devices() {
+  std::vector<std::string> out;
+  for (const auto& s : sheets()) out.push_back(s.name);
+  return out;
+}
+
+DeviceProfile datasheet_profile(const std::string& name) {
+  for (const auto& s : sheets()) {
+    if (name != s.name) continue;
+    DeviceProfile d;
+    d.name = s.name;
+    d.source = "datasheet";
+    d.gpu = true;
+    d.memory_bytes = static_cast<int64_t>(s.memory_gb * 1e9);
+    // Achievable fractions of the dense peak: PyTorch's runtime estimator presets (0.75 for 16-bit,
+    // 0.5 for fp32 on H100); fp8 as 16-bit. Memory-bound kernels at 80% of HBM bandwidth.
+    const std::vector<std::tuple<const char*, double, double>> dtypes = {
+        {"fp32", s.fp32, 0.5}, {"tf32", s.tf32, 0.5}, {"bf16", s.bf16, 0.75}, {"fp16", s.bf16, 0.75}, {"fp8", s.fp8, 0.75}};
+    for (const auto& [dt, tf, eff] : dtypes) {
+      if (tf <= 0) continue;
+      d.peak_flops[dt] = tf * 1e12;
+      d.gemm_rate[dt] = tf * 1e12 * eff;
+    }
+    d.bandwidth = flat(s.hbm_gbps * 1e9 * 0.8);
+    // Within a node: NVLink at 80% (nccl-tests' bus bandwidth on NVLink systems), 10 us per
+    // collective; across nodes: the NIC at 80%, 20 us.
+    for (const char* op : {"all-reduce", "all-gather", "reduce-scatter"}) d.busbw[op] = flat(s.nvlink_gbps * 1e9 * 0.8);
+    d.latency_s = 10e-6;
+    d.inter_busbw = s.network_gbps * 1e9 * 0.8;
+    d.inter_latency_s = 20e-6;
+    d.op_overhead_s = 0;  // launches are asynchronous: hidden behind kernels of these sizes
+    d.sources = {{"memory", "datasheet capacity"},
+                 {"gemm", "datasheet dense peak x 0.75 (16-bit, fp8) or 0.5 (fp32, tf32): PyTorch's runtime-estimator presets"},
+                 {"bandwidth", "datasheet HBM x 0.8 (assumed)"},
+                 {"intra_node", "NVLink per direction x 0.8, 10 us per collective (assumed)"},
+                 {"inter_node", "one 400 Gb/s NIC per GPU x 0.8, 20 us per collective (assumed)"},
+                 {"peak", "datasheet dense peak (MFU is against it)"}};
+    return d;
+  }
+  std::string known;
+  for (const auto& n : datasheet_devices()) known += (known.empty() ? "" : ", ") + n;
+  throw UsageError("plan: unknown device '" + name + "' (datasheet: " + known + "; or --hardware DIR with a measured report)");
+}
+
+DeviceProfile measured_profile(const json& report, const std::string& source) {
+  DeviceProfile d;
+  d.source = source;
+  const json env = report.value("env", json::object());
+  d.memory_bytes = env.value("memory_bytes", int64_t{0});
+  bool any = false;
+  for (const auto& cell : report.value("cells", json::array())) {
+    if (cell.value("status", "") != "ok" || !cell.contains("metrics")) continue;
+    const json& m = cell["metrics"];
+    const std::string device = cell.value("config", json::object()).value("device", "cpu");
+    d.gpu = device.rfind("cuda", 0) == 0;
+    if (m.contains("hardware") && m["hardware"].contains("gemm")) {
+      for (const auto& g : m["hardware"]["gemm"]) {
+        if (g.contains("skipped") || !g.contains("achievable_flops_per_s")) continue;
+        const std::string dt = g["dtype"];
+        d.name = g.value("device_name", d.name);
+        d.gemm_rate[dt] = g["achievable_flops_per_s"].get<double>();
+        d.peak_flops[dt] = g.value("datasheet_flops_per_s", json()).is_number() ? g["datasheet_flops_per_s"].get<double>()
+                                                                                : g["achievable_flops_per_s"].get<double>();
+        Curve c;
+        for (const auto& p : g.value("curve", json::array())) {
+          const auto s = p["shape"];
+          const double flops = 2.0 * s[0].get<double>() * s[1].get<double>() * s[2].get<double>();
+          if (p["median_flops_per_s"].get<double>() > 0) c.points.emplace_back(flops, p["median_flops_per_s"].get<double>());
+        }
+        for (const auto& p : g.value("shapes", json::array())) {
+          const auto s = p["shape"];
+          const double flops = 2.0 * s[0].get<double>() * s[1].get<double>() * s[2].get<double>();
+          if (p["median_flops_per_s"].get<double>() > 0) c.points.emplace_back(flops, p["median_flops_per_s"].get<double>());
+        }
+        std::sort(c.points.begin(), c.points.end());
+        d.gemm_curve[dt] = c;
+        any = true;
+      }
+      d.sources["gemm"] = "measured GEMM sweep and size curve (" + source + ")";
+      d.sources["peak"] = "the datasheet's dense peak where the device is known, else the measured GEMM peak";
+    }
+    if (m.contains("hardware") && m["hardware"].contains("memory")) {
+      const json& mem = m["hardware"]["memory"];
+      Curve c;
+      for (const auto& p : mem.value("curve", json::array()))
+        c.points.emplace_back(p["bytes"].get<double>(), p["median_gbps"].get<double>() * 1e9);
+      if (c.points.empty() && mem.contains("bandwidth_gbps")) c.points.emplace_back(1.0, mem["bandwidth_gbps"].get<double>() * 1e9);
+      std::sort(c.points.begin(), c.points.end());
+      d.bandwidth = c;
+      d.op_overhead_s = mem.value("op_overhead_s", 0.0);
+      d.backward_node_s = mem.value("backward_node_s", 0.0);
+      d.sources["bandwidth"] = "measured copy bandwidth by size (" + source + ")";
+      d.sources["op_overhead"] = "measured per-operator and per-backward-node cost (" + source + ")";
+    }
+    if (m.contains("comm") && cell.value("name", "") == "collectives") {
+      std::map<std::string, Curve> curves;
+      double lat = 1e9;
+      for (const auto& c : m["comm"].value("collectives", json::array())) {
+        const double bw = c.value("busbw_gbps", 0.0) * 1e9;
+        if (bw > 0) curves[c["op"]].points.emplace_back(c["bytes"].get<double>(), bw);
+        lat = std::min(lat, c.value("time_s", 1e9));
+      }
+      for (auto& [op, c] : curves) std::sort(c.points.begin(), c.points.end());
+      d.busbw = curves;
+      d.latency_s = 0;  // the measured bus bandwidth by size already carries the latency
+      d.sources["intra_node"] = "measured collectives sweep, bus bandwidth by size (" + source + ")";
+    }
+    if (const auto cores = env.value("cpu", json::object()).value("cores", int64_t{0}); cores > 0) d.cores = cores;
+  }
+  if (!any) throw UsageError("plan: " + source + " has no GEMM measurements (run: trainscope run --suite hardware)");
+  if (d.bandwidth.empty()) throw UsageError("plan: " + source + " has no memory-bandwidth measurement (run: trainscope run --suite hardware)");
+  return d;
+}
+
+}  // namespace trainscope::plan

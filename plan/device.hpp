@@ -1,0 +1,55 @@
+#pragma once
+// What the planner knows of a device: from a measured hardware report (`trainscope run --suite
+// hardware` on that machine) or, without one, from the datasheet with stated default efficiencies.
+// Every number carries where it came from.
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/config.hpp"
+
+namespace trainscope::plan {
+
+// y(x) through measured points, linear in log-log between them, flat beyond the ends.
+struct Curve {
+  std::vector<std::pair<double, double>> points;  // sorted by x
+  double at(double x) const;
+  bool empty() const { return points.empty(); }
+};
+
+struct DeviceProfile {
+  std::string name;       // "H100-SXM", or the measured device's name
+  std::string source;     // "datasheet" or the hardware report's path
+  bool gpu = true;
+  int64_t memory_bytes = 0;
+  std::map<std::string, double> peak_flops;  // dtype -> the peak MFU is reported against (FLOP/s)
+  std::map<std::string, double> gemm_rate;   // dtype -> the rate large GEMMs achieve (FLOP/s)
+  std::map<std::string, Curve> gemm_curve;   // dtype -> achieved FLOP/s by FLOPs per GEMM (measured)
+  Curve bandwidth;                           // bytes/s by bytes moved per operator
+  double op_overhead_s = 0, backward_node_s = 0;
+  std::map<std::string, Curve> busbw;  // collective op -> bus bandwidth (bytes/s) by bytes, within a node
+  double latency_s = 0;                // per collective, within a node
+  double inter_busbw = 0, inter_latency_s = 0;  // across nodes (per GPU)
+  int64_t cores = 0;                   // CPU: the cores the measurements used
+  json sources = json::object();       // quantity -> where it came from
+
+  bool has(const std::string& dtype) const { return gemm_rate.count(dtype) > 0; }
+  // Seconds of one GEMM (batch x m x n x k) in `dtype`.
+  double gemm_seconds(const std::string& dtype, double m, double n, double k, double batch) const;
+  double memory_seconds(double bytes) const;
+  // nccl-tests: time = latency + bytes x factor / busbw, factor 2(n-1)/n for all-reduce, (n-1)/n for
+  // all-gather and reduce-scatter; `inter`: the ranks span nodes.
+  double collective_seconds(const std::string& op, double bytes, int64_t ranks, bool inter) const;
+  json to_json() const;
+};
+
+// The devices the datasheet table knows, by the names `plan --device` takes.
+std::vector<std::string> datasheet_devices();
+// UsageError naming the known devices when `name` is none of them.
+DeviceProfile datasheet_profile(const std::string& name);
+// From a results folder (or report.json) of the hardware suite; UsageError when it has no
+// measurements the planner can use.
+DeviceProfile measured_profile(const json& hardware_report, const std::string& source);
+
+}  // namespace trainscope::plan

@@ -1,0 +1,429 @@
+#include "plan/models.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/errors.hpp"
+
+namespace trainscope::plan {
+
+Numerics numerics_of(const std::string& precision, bool cuda) {
+  Numerics n;
+  if (precision == "32-true") return n;
+  if (precision == "tf32") {
+    n.gemm_dtype = "tf32";
+    return n;
+  }
+  if (precision == "bf16-mixed") {
+    n.autocast = true;
+    n.gemm_dtype = "bf16";
+  } else if (precision == "16-mixed" || precision == "16-mixed-noscale") {
+    n.scaler = precision == "16-mixed";
+    n.fp16_emulated = !cuda;  // the CPU default (fp16 = auto): fp32 compute rounded through fp16
+    n.autocast = cuda;
+    n.gemm_dtype = cuda ? "fp16" : "fp32";
+  } else if (precision == "bf16-true") {
+    n.param = 2;
+    n.gemm_dtype = "bf16";
+  } else if (precision == "fp8") {
+    n.autocast = true;
+    n.fp8 = true;
+    n.gemm_dtype = "fp8";
+  } else {
+    throw UsageError("unknown precision '" + precision + "'");
+  }
+  return n;
+}
+
+int64_t ParamLayout::total() const {
+  int64_t n = std::accumulate(root.begin(), root.end(), int64_t{0});
+  for (const auto& b : blocks) n += std::accumulate(b.begin(), b.end(), int64_t{0});
+  return n;
+}
+int64_t ParamLayout::largest() const {
+  int64_t m = 0;
+  for (int64_t v : root) m = std::max(m, v);
+  for (const auto& b : blocks)
+    for (int64_t v : b) m = std::max(m, v);
+  return m;
+}
+
+std::string replay_unsupported(const ModelShape& m) {
+  if (m.family == "gpt" || m.family == "llama" || m.family == "mlp" || m.family == "cnn") return "";
+  return "the planner covers mlp, cnn, gpt and llama models; " + m.name + " is a " + m.family;
+}
+
+namespace {
+
+// Output element bytes of a binary op: type promotion, which for these dtypes is the wider one.
+int wider(const T& a, const T& b) { return std::max(a.elem, b.elem); }
+
+// The operators the models use, with what autograd saves for each (derivatives.yaml): a product
+// saves the factor whose gradient needs the other; LayerNorm saves input, mean and rstd; softmax and
+// log_softmax their output; GELU and SiLU their input; ReLU its output; matmul both operands.
+struct Net {
+  Tape& t;
+  const Replay& r;
+  const Numerics& num;
+
+  OpCost ew(int64_t bytes) const { return OpCost{0, 0, 0, 1, bytes}; }
+  // Autocast's cast of a GEMM operand to the low dtype (a new tensor; no-op when already low).
+  T lower(const T& x) {
+    if (!num.autocast || x.elem == num.low) return x;
+    return t.op({&x}, x.numel, num.low, {}, false, 0, ew(x.bytes() + x.numel * num.low));
+  }
+  T cast(const T& x, int elem) {
+    if (x.elem == elem) return x;
+    return t.op({&x}, x.numel, elem, {}, false, 0, ew(x.bytes() + x.numel * elem));
+  }
+  // aten::linear over [rows, in] (addmm): saves the input and the weight, both as autocast passes them.
+  T linear(const T& x, const T& w, const T* b, int64_t rows, int64_t in, int64_t out) {
+    const T xc = lower(x), wc = lower(w);
+    const T bc = b ? lower(*b) : T();
+    return t.op({&xc, &wc, b ? &bc : nullptr}, rows * out, xc.elem, {&xc, &wc}, false, 0, OpCost{rows, out, in, 1, 0});
+  }
+  // A copy making a strided view contiguous (matmul's reshape of a permuted operand, .contiguous()).
+  T copy(const T& x) { return t.op({&x}, x.numel, x.elem, {}, false, 0, ew(2 * x.bytes())); }
+  T layer_norm(const T& x, const T& w, const T& b, int64_t rows) {
+    return t.op({&x, &w, &b}, x.numel, x.elem, {&x}, false, 2 * rows * 4, ew(3 * x.bytes()));
+  }
+  T unary(const T& x, bool save_in, bool save_out) {
+    return t.op({&x}, x.numel, x.elem, {save_in ? &x : nullptr}, save_out, 0, ew(2 * x.bytes()));
+  }
+  T add(const T& a, const T& b) {
+    const int64_t n = std::max(a.numel, b.numel);
+    return t.op({&a, &b}, n, wider(a, b), {}, false, 0, ew(3 * n * wider(a, b)));
+  }
+  // a * b where each factor is saved only if the other's gradient is wanted.
+  T mul(const T& a, const T& b) {
+    const int64_t n = std::max(a.numel, b.numel);
+    return t.op({&a, &b}, n, wider(a, b), {b.grad() ? &a : nullptr, a.grad() ? &b : nullptr}, false, 0,
+                ew(3 * n * wider(a, b)));
+  }
+  T scale(const T& x) { return t.op({&x}, x.numel, x.elem, {}, false, 0, ew(2 * x.bytes())); }  // x * c, x / c
+  // Dropout on a CPU (ATen's _dropout_impl): a noise tensor of the input's dtype, saved by the product.
+  T dropout(const T& x, double p) {
+    if (p <= 0) return x;
+    const T noise = t.data(x.numel, x.elem);
+    return mul(x, noise);
+  }
+  // CPU 16-mixed: a block output rounded through fp16 (RoundFp16: a half temporary, a new tensor).
+  T boundary(const T& x) {
+    if (!num.fp16_emulated) return x;
+    t.transient(x.numel * 2);
+    return t.op({&x}, x.numel, x.elem, {}, false, 0, ew(2 * x.bytes()));
+  }
+  // ReferenceModel::loss: logits to fp32 at least, cross_entropy = log_softmax (saves its output) +
+  // nll_loss; the logits die when loss() returns.
+  T loss(const T& logits, int64_t rows, int64_t classes) {
+    const T l32 = cast(logits, std::max(4, logits.elem));
+    const T logp = t.op({&l32}, rows * classes, l32.elem, {}, true, 0, ew(2 * l32.bytes()));
+    return t.op({&logp}, 1, 4, {}, false, 0, ew(logp.bytes()));
+  }
+};
+
+// ---- GPT (suites/models/models.cpp: Gpt, TransformerBlock) ---------------------------------------
+struct GptBlockParams {
+  const T *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcpw, *fcpb;
+};
+
+T gpt_block(Net& n, const T& x, const GptBlockParams& p, bool selective) {
+  Tape& t = n.t;
+  const ModelShape& m = n.r.model;
+  const int64_t B = n.r.batch, S = m.seq_len, D = m.width, H = m.heads, N = B * S;
+  const double drop = m.dropout;
+  const T qkv = n.linear(n.layer_norm(x, *p.ln1w, *p.ln1b, N), *p.qkvw, p.qkvb, N, D, 3 * D);
+  auto core = [n, B, S, D, H, N, drop, sdpa = m.attention == "sdpa"](Tape& t, const T& packed) mutable -> T {
+    const T q = t.part(packed, N * D), k = t.part(packed, N * D), v = t.part(packed, N * D);
+    const int e = packed.elem;
+    if (sdpa) {
+      // The fused kernel saves q, k, v (views of qkv), its output and the log-sum-exp (fp32).
+      const T out = t.op({&q, &k, &v}, N * D, e, {&q, &k, &v}, true, B * H * S * 4,
+                         OpCost{S, S, D / H, 2 * B * H, 0});
+      return n.copy(out);  // .transpose(1, 2).reshape: a copy
+    }
+    T scores;
+    {
+      const T qc = n.copy(q), kc = n.copy(k);  // matmul's reshape of the permuted operands
+      const T raw = t.op({&qc, &kc}, B * H * S * S, e, {&qc, &kc}, false, 0, OpCost{S, S, D / H, B * H, 0});
+      scores = n.scale(raw);
+    }
+    const T mask = t.data(S * S, 1);  // ones(S, S).triu(1): bool
+    T att;
+    {
+      const T filled = t.op({&scores}, scores.numel, e, {&mask}, false, 0, n.ew(2 * scores.bytes()));
+      att = n.unary(filled, false, true);  // softmax saves its output
+    }
+    att = n.dropout(att, drop);
+    const T vc = n.copy(v);
+    const T out = t.op({&att, &vc}, N * D, e, {&att, &vc}, false, 0, OpCost{S, D / H, S, B * H, 0});
+    return n.copy(out);  // .transpose(1, 2).reshape: a copy
+  };
+  const T y = selective ? t.checkpoint(core, qkv, {}, {}) : core(t, qkv);
+  const T h = n.add(x, n.dropout(n.linear(y, *p.projw, p.projb, N, D, D), drop));
+  const T mlp = n.linear(n.unary(n.linear(n.layer_norm(h, *p.ln2w, *p.ln2b, N), *p.fcw, p.fcb, N, D, 4 * D), true, false),
+                         *p.fcpw, p.fcpb, N, 4 * D, D);
+  return n.add(h, n.dropout(mlp, drop));
+}
+
+// ---- Llama (suites/models/llama.cpp) ---------------------------------------------------------------
+T rms_norm(Net& n, const T& x, const T& w, int64_t rows) {
+  Tape& t = n.t;
+  T h = n.cast(x, 4);
+  {
+    T variance;
+    {
+      const T sq = t.op({&h}, h.numel, 4, {&h}, false, 0, n.ew(2 * h.bytes()));  // pow(2) saves its input
+      variance = t.op({&sq}, rows, 4, {}, false, 0, n.ew(sq.bytes()));        // mean
+    }
+    const T eps = n.scale(variance);
+    const T rs = t.op({&eps}, rows, 4, {}, true, 0, n.ew(2 * eps.bytes()));  // rsqrt saves its output
+    h = n.mul(h, rs);
+  }
+  return n.mul(w, n.cast(h, x.elem));
+}
+
+T rotary(Net& n, const T& x) {  // apply_rotary: x * cos + rotate_half(x) * sin; cos/sin want no gradient
+  Tape& t = n.t;
+  const T x_cos = t.op({&x}, x.numel, x.elem, {}, false, 0, n.ew(3 * x.bytes()));
+  T rotated;
+  {
+    const T neg = t.op({&x}, x.numel / 2, x.elem, {}, false, 0, n.ew(x.bytes()));
+    const T cat = t.op({&neg, &x}, x.numel, x.elem, {}, false, 0, n.ew(2 * x.bytes()));
+    rotated = t.op({&cat}, x.numel, x.elem, {}, false, 0, n.ew(3 * x.bytes()));
+  }
+  return n.add(x_cos, rotated);
+}
+
+struct LlamaBlockParams {
+  const T *ln1, *q, *k, *v, *o, *ln2, *gate, *up, *down;
+};
+
+T llama_block(Net& n, const T& x, const LlamaBlockParams& p, bool selective) {
+  Tape& t = n.t;
+  const ModelShape& m = n.r.model;
+  const int64_t B = n.r.batch, S = m.seq_len, D = m.width, Dh = m.head_dim(), Hq = m.heads, Hkv = m.kv_heads;
+  const int64_t N = B * S, F = m.ffn;
+  const T normed = rms_norm(n, x, *p.ln1, N);
+  const T q = n.linear(normed, *p.q, nullptr, N, D, Hq * Dh);
+  const T k = n.linear(normed, *p.k, nullptr, N, D, Hkv * Dh);
+  const T v = n.linear(normed, *p.v, nullptr, N, D, Hkv * Dh);
+  const T q_embed = rotary(n, q), k_embed = rotary(n, k);
+  const int64_t rep = Hq / Hkv;
+  auto core = [n, k_embed, v, B, S, Dh, Hq, Hkv, N, rep, sdpa = m.attention == "sdpa"](Tape& t, const T& query) mutable -> T {
+    const int e = query.elem;
+    if (sdpa) {
+      // Saves query, key, value, its output ([B,S,H,Dh] in memory, so the transpose is free) and the
+      // fp32 log-sum-exp; GQA without copies (enable_gqa).
+      const T out = t.op({&query, &k_embed, &v}, N * Hq * Dh, e, {&query, &k_embed, &v}, true, B * Hq * S * 4,
+                         OpCost{S, S, Dh, 2 * B * Hq, 0});
+      return out;
+    }
+    // repeat_kv copies K and V to every query head (expand + reshape; none when heads == kv_heads).
+    const T key = rep > 1 ? t.op({&k_embed}, N * Hq * Dh, e, {}, false, 0, n.ew(2 * N * Hq * Dh * e)) : k_embed;
+    const T value = rep > 1 ? t.op({&v}, N * Hq * Dh, e, {}, false, 0, n.ew(2 * N * Hq * Dh * e)) : v;
+    T w;
+    {
+      const T qc = n.copy(query);  // q_embed keeps the [B,S,H,Dh] strides of the projection: a copy
+      const T raw = t.op({&qc, &key}, B * Hq * S * S, e, {&qc, &key}, false, 0, OpCost{S, S, Dh, B * Hq, 0});
+      w = n.scale(raw);
+    }
+    w = t.op({&w}, w.numel, w.elem, {}, false, 0, n.ew(2 * w.bytes()));  // + mask
+    w = t.op({&w}, w.numel, 4, {}, true, 0, n.ew(2 * w.bytes()));        // softmax in fp32, saves its output
+    w = n.cast(w, e);
+    const T out = t.op({&w, &value}, N * Hq * Dh, e, {&w, &value}, false, 0, OpCost{S, Dh, S, B * Hq, 0});
+    return n.copy(out);  // .transpose(1, 2).contiguous()
+  };
+  const T attn = selective ? t.checkpoint(core, q_embed, {&k_embed, &v}, {}) : core(t, q_embed);
+  const T h = n.add(x, n.linear(attn, *p.o, nullptr, N, Hq * Dh, D));
+  const T normed2 = rms_norm(n, h, *p.ln2, N);
+  const T gate = n.unary(n.linear(normed2, *p.gate, nullptr, N, D, F), true, false);  // SiLU saves its input
+  const T up = n.linear(normed2, *p.up, nullptr, N, D, F);
+  return n.add(h, n.linear(n.mul(gate, up), *p.down, nullptr, N, F, D));
+}
+
+// ---- CNN (suites/models/models.cpp: Cnn, BasicBlock), fp32 ----------------------------------------
+T conv(Net& n, const T& x, const T& w, int64_t cin, int64_t cout, int64_t k, int64_t hw_out) {
+  const T xc = n.lower(x), wc = n.lower(w);
+  return n.t.op({&xc, &wc}, n.r.batch * cout * hw_out, xc.elem, {&xc, &wc}, false, 0,
+                OpCost{n.r.batch * hw_out, cout, cin * k * k, 1, 0});
+}
+T batch_norm(Net& n, const T& x, const T& w, const T& b, int64_t c) {
+  return n.t.op({&x, &w, &b}, x.numel, x.elem, {&x}, false, 2 * c * 4, n.ew(3 * x.bytes()));
+}
+
+bool checkpointed(const std::string& policy, int64_t index) {
+  if (policy == "full") return true;
+  if (policy.rfind("every:", 0) == 0) return index % std::stoll(policy.substr(6)) == 0;
+  return false;
+}
+
+// ReferenceModel::run_block: the block, checkpointed if the policy says so, inside the block wrapper
+// when one is set.
+T run_block(Tape& t, const Replay& r, size_t index, const Tape::BlockFn& fn, const T& x, const std::vector<const T*>& params) {
+  Tape::BlockFn body = fn;
+  if (checkpointed(r.checkpoint, static_cast<int64_t>(index)))
+    body = [fn, params](Tape& tape, const T& in) { return tape.checkpoint(fn, in, {}, params); };
+  if (t.block_wrapper) return t.block_wrapper(index, body, x);
+  return body(t, x);
+}
+
+}  // namespace
+
+ParamLayout param_layout(const Replay& r) {
+  const ModelShape& m = r.model;
+  ParamLayout l;
+  if (m.family == "gpt") {
+    const int64_t D = m.width;
+    l.root = {m.vocab * D, m.seq_len * D, D, D};
+    for (int64_t i = 0; i < m.layers; ++i)
+      l.blocks.push_back({D, D, 3 * D * D, 3 * D, D * D, D, D, D, 4 * D * D, 4 * D, 4 * D * D, D});
+  } else if (m.family == "llama") {
+    const int64_t D = m.width, q = m.heads * m.head_dim(), kv = m.kv_heads * m.head_dim(), F = m.ffn;
+    l.root = {m.vocab * D, D};
+    if (!m.tied) l.root.push_back(m.vocab * D);
+    for (int64_t i = 0; i < m.layers; ++i) l.blocks.push_back({D, D * q, D * kv, D * kv, q * D, D, D * F, D * F, F * D});
+  } else if (m.family == "mlp") {
+    int64_t in = r.channels * r.height * r.width;
+    for (int64_t h : m.hidden) {
+      l.blocks.push_back({in * h, h});
+      in = h;
+    }
+    l.root = {in * r.classes, r.classes};
+  } else if (m.family == "cnn") {
+    const int64_t w0 = m.width;
+    l.root = {r.channels * w0 * 9, w0, w0};
+    l.buffers.push_back(2 * w0 * 4 + 8);
+    int64_t in = w0;
+    for (size_t stage = 0; stage < m.hidden.size(); ++stage) {
+      const int64_t out = w0 << stage;
+      for (int64_t b = 0; b < m.hidden[stage]; ++b) {
+        const int64_t stride = (stage > 0 && b == 0) ? 2 : 1;
+        std::vector<int64_t> block = {in * out * 9, out, out, out * out * 9, out, out};
+        l.buffers.push_back(2 * (2 * out * 4 + 8));
+        if (stride != 1 || in != out) {
+          block.insert(block.end(), {in * out, out, out});
+          l.buffers.push_back(2 * out * 4 + 8);
+        }
+        l.blocks.push_back(block);
+        in = out;
+      }
+    }
+    l.root.insert(l.root.end(), {in * r.classes, r.classes});
+  } else {
+    throw UsageError(replay_unsupported(m));
+  }
+  return l;
+}
+
+T forward_loss(Tape& t, const Replay& r, const std::vector<T>& params, const T& input, const T&) {
+  const ModelShape& m = r.model;
+  Net n{t, r, r.num};
+  const ParamLayout layout = param_layout(r);
+  // params: root first, then each block's, in the layout's order.
+  size_t at = 0;
+  std::vector<const T*> root;
+  for (size_t i = 0; i < layout.root.size(); ++i) root.push_back(&params[at++]);
+  std::vector<std::vector<const T*>> blocks;
+  for (const auto& b : layout.blocks) {
+    blocks.emplace_back();
+    for (size_t i = 0; i < b.size(); ++i) blocks.back().push_back(&params[at++]);
+  }
+  const bool selective = r.checkpoint == "selective";
+  const int64_t B = r.batch;
+
+  if (m.family == "gpt") {
+    const int64_t S = m.seq_len, D = m.width, N = B * S;
+    T h;
+    {
+      const T pos = t.data(S, 8);  // arange
+      const T tok = t.op({root[0]}, N * D, r.num.param, {}, false, 0, n.ew(N * D * r.num.param));
+      const T pe = t.op({root[1]}, S * D, r.num.param, {}, false, 0, n.ew(S * D * r.num.param));
+      h = n.boundary(n.add(tok, pe));
+    }
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const auto& b = blocks[i];
+      const GptBlockParams p{b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11]};
+      auto fn = [n, p, selective](Tape&, const T& x) mutable { return gpt_block(n, x, p, selective); };
+      h = run_block(t, r, i, fn, h, b);
+      h = n.boundary(h);
+    }
+    T logits = n.boundary(n.linear(n.layer_norm(h, *root[2], *root[3], N), *root[0], nullptr, N, D, m.vocab));
+    h = T();
+    return n.loss(logits, N, m.vocab);
+  }
+  if (m.family == "llama") {
+    const int64_t S = m.seq_len, D = m.width, N = B * S;
+    T h = n.boundary(t.op({root[0]}, N * D, r.num.param, {}, false, 0, n.ew(N * D * r.num.param)));
+    const T cos = t.data(S * m.head_dim(), h.elem), sin = t.data(S * m.head_dim(), h.elem);
+    const T mask = m.attention == "sdpa" ? T() : t.data(S * S, h.elem);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const auto& b = blocks[i];
+      const LlamaBlockParams p{b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8]};
+      auto fn = [n, p, selective](Tape&, const T& x) mutable { return llama_block(n, x, p, selective); };
+      h = run_block(t, r, i, fn, h, b);
+      h = n.boundary(h);
+    }
+    T logits;
+    {
+      const T out = rms_norm(n, h, *root[1], N);
+      h = T();
+      logits = n.boundary(n.linear(out, m.tied ? *root[0] : *root[2], nullptr, N, D, m.vocab));
+    }
+    return n.loss(logits, N, m.vocab);
+  }
+  if (m.family == "mlp") {
+    T h = input;
+    int64_t in = r.channels * r.height * r.width;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const int64_t out = m.hidden[i];
+      const auto& b = blocks[i];
+      auto fn = [n, b, in, out, B](Tape&, const T& x) mutable { return n.unary(n.linear(x, *b[0], b[1], B, in, out), false, true); };
+      h = run_block(t, r, i, fn, h, b);
+      h = n.boundary(h);
+      in = out;
+    }
+    T logits = n.boundary(n.linear(h, *root[0], root[1], B, in, r.classes));
+    h = T();
+    return n.loss(logits, B, r.classes);
+  }
+  // cnn
+  int64_t hw = r.height * r.width;
+  const int64_t w0 = m.width;
+  T h;
+  {
+    const T c = conv(n, input, *root[0], r.channels, w0, 3, hw);
+    h = n.boundary(n.unary(batch_norm(n, c, *root[1], *root[2], w0), false, true));
+  }
+  int64_t in = w0, hh = r.height, ww = r.width;
+  size_t bi = 0;
+  for (size_t stage = 0; stage < m.hidden.size(); ++stage) {
+    const int64_t out = w0 << stage;
+    for (int64_t k = 0; k < m.hidden[stage]; ++k, ++bi) {
+      const int64_t stride = (stage > 0 && k == 0) ? 2 : 1;
+      const int64_t h2 = (hh + 2 - 3) / stride + 1, w2 = (ww + 2 - 3) / stride + 1;
+      const auto& b = blocks[bi];
+      const bool shortcut = b.size() > 6;
+      auto fn = [n, b, in, out, hw_out = h2 * w2, shortcut](Tape&, const T& x) mutable {
+        T y = n.unary(batch_norm(n, conv(n, x, *b[0], in, out, 3, hw_out), *b[1], *b[2], out), false, true);
+        y = batch_norm(n, conv(n, y, *b[3], out, out, 3, hw_out), *b[4], *b[5], out);
+        const T s = shortcut ? batch_norm(n, conv(n, x, *b[6], in, out, 1, hw_out), *b[7], *b[8], out) : x;
+        return n.unary(n.add(y, s), false, true);
+      };
+      h = run_block(t, r, bi, fn, h, b);
+      h = n.boundary(h);
+      in = out;
+      hh = h2;
+      ww = w2;
+    }
+  }
+  T logits;
+  {
+    const T pooled = t.op({&h}, B * in, h.elem, {}, false, 0, n.ew(h.bytes()));  // mean over H, W
+    h = T();
+    logits = n.boundary(n.linear(pooled, *root[root.size() - 2], root.back(), B, in, r.classes));
+  }
+  return n.loss(logits, B, r.classes);
+}
+
+}  // namespace trainscope::plan

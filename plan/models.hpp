@@ -1,0 +1,52 @@
+#pragma once
+// The reference models' forward passes replayed on a Tape: the same operators in the same order with
+// the same temporaries and the same saved tensors as suites/models (each function names the code it
+// mirrors), so that the tape's live bytes are the accounting allocator's. Torch-free.
+#include <string>
+
+#include "core/model_shape.hpp"
+#include "plan/tape.hpp"
+
+namespace trainscope::plan {
+
+// How a precision mode stores and computes (suites/techniques/precision.cpp's PrecisionMode).
+struct Numerics {
+  int param = 4;          // parameter (and optimizer state) element bytes
+  bool autocast = false;  // autocast to `low` for GEMMs
+  int low = 2;
+  bool fp16_emulated = false;  // CPU 16-mixed: fp32 compute rounded through fp16 at block boundaries
+  bool scaler = false;
+  bool fp8 = false;
+  std::string gemm_dtype = "fp32";  // the dtype the GEMMs run in (for the time model's peak)
+};
+// 32-true, tf32, bf16-mixed, 16-mixed(-noscale), bf16-true, fp8 on a CPU or a CUDA device.
+Numerics numerics_of(const std::string& precision, bool cuda);
+
+// What the replay needs of a cell besides the model: batch per rank, image shape, checkpointing.
+struct Replay {
+  ModelShape model;
+  int64_t batch = 1;
+  int64_t channels = 1, height = 28, width = 28, classes = 10;  // image data
+  std::string checkpoint = "none";                                // none | full | every:k | selective
+  Numerics num;
+  bool cuda = false;
+};
+
+// The model's parameters, in module order, grouped by block (zero3's units): element counts.
+struct ParamLayout {
+  std::vector<std::vector<int64_t>> blocks;  // per block, each parameter's numel
+  std::vector<int64_t> root;                 // outside blocks (embeddings, head, norms, stem)
+  std::vector<int64_t> buffers;              // non-parameter state (BatchNorm running statistics), bytes
+  int64_t total() const;
+  int64_t largest() const;
+};
+ParamLayout param_layout(const Replay& r);
+
+// Families the replay covers (an empty string) or why not.
+std::string replay_unsupported(const ModelShape& m);
+
+// Builds the parameters on `tape` (when `params` is empty) and runs forward + loss; returns the loss.
+// `params` are the model's parameters in param_layout order, made by the caller (strategies shard them).
+T forward_loss(Tape& tape, const Replay& r, const std::vector<T>& params, const T& input, const T& target);
+
+}  // namespace trainscope::plan

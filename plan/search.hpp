@@ -1,0 +1,32 @@
+#pragma once
+// The search behind `trainscope plan`: every candidate configuration of a model on a cluster
+// (precision x strategy x checkpoint policy x attention x micro-batch, gradient accumulation to the
+// global batch), each replayed for its memory per rank and timed on the device profile; the ones
+// that fit ranked by throughput, the others with the reason they do not fit, and a recommendation.
+#include <map>
+#include <string>
+
+#include "core/config.hpp"
+#include "core/model_shape.hpp"
+#include "plan/device.hpp"
+#include "plan/time.hpp"
+
+namespace trainscope::plan {
+
+struct PlanRequest {
+  ModelShape model;                 // resolved (seq_len included)
+  Cluster cluster;
+  DeviceProfile device;
+  int64_t global_tokens = 0;        // tokens per optimizer step; 0: 2^20 rounded to whole sequences per rank
+  double headroom = 0.10;           // fraction of device memory kept free
+  std::map<std::string, std::string> fixed;  // axis -> value: precision, parallel, checkpoint, attention, batch_size
+};
+
+// The plan as JSON ("schema": "trainscope.plan/1", reports/schema/plan.schema.json).
+json make_plan(const PlanRequest& r);
+
+// A single cell's prediction (the same replay and time model) for a configuration, on `device`:
+// what `trainscope run` reports can carry beside its measurement.
+json predict_config(const RunConfig& c, const DeviceProfile& device, bool cuda);
+
+}  // namespace trainscope::plan

@@ -1,0 +1,53 @@
+#pragma once
+// One rank's training steps replayed on a Tape (suites/train.cpp's Trainer::step with the strategy of
+// suites/parallel/strategies.cpp and LibTorch's optimizers): the memory of every phase and the model
+// state at the end, predicted from the configuration alone. Torch-free.
+#include <string>
+
+#include "core/config.hpp"
+#include "plan/models.hpp"
+
+namespace trainscope::plan {
+
+struct StepSetup {
+  Replay replay;
+  std::string strategy = "single";  // single | ddp | zero1 | zero2 | zero3
+  int64_t world = 1;
+  std::string optimizer = "adamw";
+  double weight_decay = 0.0;
+  bool prefetch = true;
+  double bucket_mb = 25.0;  // ddp / zero1 / zero2 gradient buckets
+  bool grad_clip = false;
+  int64_t resident_data_bytes = 0;  // the data set held in memory (CPU runs: it counts in the peak)
+  std::string data = "synthetic-tokens";
+};
+
+struct ModelState {
+  int64_t params = 0, grads = 0, optimizer = 0;
+  int64_t total() const { return params + grads + optimizer; }
+};
+
+struct MemoryPrediction {
+  int64_t peak = 0;  // the highest live bytes over the steps
+  int64_t forward = 0, backward = 0, optimizer = 0;  // per phase, as the memory probe's phase peaks
+  int64_t baseline = 0;    // live before the first step: data, parameters (and strategy buffers)
+  int64_t activations = 0;  // forward peak above the step's start
+  ModelState state;         // at the end of a step, as the strategy reports it
+  int64_t data = 0;         // resident data set
+  std::vector<OpCost> forward_costs;    // the forward's operators, for the time model
+  std::vector<OpCost> recompute_costs;  // the operators checkpointing runs again in backward
+  int64_t forward_ops = 0;
+  json to_json() const;
+};
+
+// The prediction for `s`; UsageError when the model's family is not covered.
+MemoryPrediction predict_memory(const StepSetup& s);
+
+// Bytes the data source keeps resident (suites/models/data.cpp): Fashion-MNIST's images (uint8) and
+// labels (int64), synthetic images' class templates, the text corpus's bytes; synthetic tokens none.
+int64_t resident_data_bytes(const std::string& data, const Replay& r);
+
+// The setup of a run configuration (one rank of it).
+StepSetup step_setup(const RunConfig& c, bool cuda);
+
+}  // namespace trainscope::plan

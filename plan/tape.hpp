@@ -1,0 +1,130 @@
+#pragma once
+// A training step replayed on sizes alone. Tensors are handles over shared storage, so the C++ that
+// mirrors a model (plan/models.cpp) frees a temporary exactly where the model's own C++ does: at the
+// end of the full expression, or when the last variable or autograd node holding it goes. Autograd
+// nodes keep what the operator saves for backward; backward() runs them in reverse order of creation
+// as torch's engine does on one device: each allocates its inputs' gradients (accumulating into an
+// existing one through a temporary), then frees its outputs' gradients and its saved tensors.
+// The live byte count and its peak are the CPU accounting allocator's numbers, predicted.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace trainscope::plan {
+
+class Tape;
+
+// Bytes of storage; freed from the tape's count when the last holder lets go.
+struct Storage {
+  Tape* tape;
+  int64_t bytes;
+  Storage(Tape* t, int64_t b);
+  ~Storage();
+};
+
+// A tensor: its storage, its size (elements x element bytes), and its autograd identity.
+struct T {
+  std::shared_ptr<Storage> storage;
+  int64_t numel = 0;
+  int elem = 4;      // bytes per element
+  int id = -1;       // autograd identity (gradients are routed by it); -1: no gradient wanted
+  bool param = false;
+  int64_t bytes() const { return numel * elem; }
+  bool grad() const { return id >= 0; }
+  explicit operator bool() const { return numel > 0; }
+};
+
+// What an operator costs, for the time model: GEMM dimensions (m x k by k x n; 0: none) and the bytes
+// a memory-bound kernel reads and writes.
+struct OpCost {
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  int64_t bytes = 0;
+};
+
+struct Node {
+  std::vector<std::pair<int, int64_t>> inputs;  // (autograd id, gradient bytes)
+  std::vector<int> outputs;
+  std::vector<std::shared_ptr<Storage>> saved;
+  std::function<void(Tape&, int out_id)> recompute;  // checkpoint nodes: re-run forward + backward
+  std::vector<Node> inner;                            // a block run as its own graph (zero3)
+};
+
+struct Phase {
+  int64_t peak = 0;
+};
+
+class Tape {
+ public:
+  // ---- accounting -----------------------------------------------------------------------------
+  int64_t live() const { return live_; }
+  int64_t peak() const { return peak_; }
+  void alloc(int64_t b) { live_ += b; if (live_ > peak_) peak_ = live_; if (live_ > phase_peak_) phase_peak_ = live_; }
+  void release(int64_t b) { live_ -= b; }
+  void reset_phase() { phase_peak_ = live_; }
+  void reset_peak() { peak_ = phase_peak_ = live_; }
+  int64_t phase_peak() const { return phase_peak_; }
+  // A momentary allocation (freed at once): counts towards the peak only.
+  void transient(int64_t b) { alloc(b); release(b); }
+
+  // ---- tensors --------------------------------------------------------------------------------
+  T make(int64_t numel, int elem, bool requires_grad);
+  T param(int64_t numel, int elem);     // a leaf that wants a gradient (its bytes are live from now)
+  T data(int64_t numel, int elem) { return make(numel, elem, false); }
+  // An operator: `out` elements of `elem` bytes; `saved` are kept for backward (when a gradient is
+  // wanted); `extra_saved` bytes are made by the operator and saved with it (LayerNorm's mean and
+  // rstd), freed at once when no gradient is wanted.
+  T op(const std::vector<const T*>& in, int64_t out, int elem, const std::vector<const T*>& saved,
+       bool save_output = false, int64_t extra_saved = 0, OpCost cost = {});
+  // A view over part of `base` (select, slice) that routes its gradient into a gradient of the whole
+  // base; views of the same elements (reshape, transpose) are the tensor itself.
+  T part(const T& base, int64_t numel);
+  // Checkpointing: runs `fn` without recording, keeps `x` and `extras`, and re-runs it in backward.
+  T checkpoint(const std::function<T(Tape&, const T&)>& fn, const T& x, const std::vector<const T*>& extras,
+               const std::vector<const T*>& params);
+
+  // A block run as its own graph (zero3's Zero3BlockFunction): `fn` records into a separate graph
+  // whose output's gradient seeds it in backward; `bwd(run)` wraps running it (gather, prefetch,
+  // reduce-scatter). While it runs, parameter gradients are returned (collected_param_grads()), not
+  // accumulated into .grad, as torch::autograd::grad returns them.
+  T own_graph(const std::function<T(Tape&, const T&)>& fn, const T& x,
+              const std::function<void(Tape&, const std::function<void()>&)>& bwd);
+  int64_t collected_param_grads() const { return collected_; }
+  void free_collected() { release(collected_); collected_ = 0; }
+  // Strategies whose gradient buffers exist before backward (ddp's buckets, zero's flat buffers): the
+  // parameter's gradient is accumulated into them (in place) rather than allocated.
+  void adopt_param_grad(const T& p) { param_grads_[p.id] = 0; }
+
+  bool grad_enabled = true;
+  // Wraps each block's forward (zero3 gathers around it), as ReferenceModel::set_block_wrapper does.
+  using BlockFn = std::function<T(Tape&, const T&)>;
+  std::function<T(size_t index, const BlockFn& body, const T& x)> block_wrapper;
+
+  // ---- backward --------------------------------------------------------------------------------
+  void backward(const T& loss);
+  // Parameter gradients (persistent between backward and the next zero_grad).
+  int64_t param_grad_bytes() const;
+  void free_param_grads();
+
+  // ---- cost ------------------------------------------------------------------------------------
+  std::vector<OpCost> forward_costs;
+  std::vector<OpCost> recompute_costs;  // checkpointing's second forward (in backward)
+  int64_t ops = 0;  // forward operators recorded (kernel launches / dispatches)
+  bool recording_cost = true;
+
+ private:
+  void run_nodes(size_t from);
+  int next_id_ = 0;
+  int64_t live_ = 0, peak_ = 0, phase_peak_ = 0;
+  std::vector<Node> nodes_;
+  std::map<int, int64_t> grads_;        // non-leaf gradients in flight
+  std::map<int, int64_t> param_grads_;  // leaf gradients (.grad)
+  std::map<int, bool> is_param_;
+  bool collect_ = false;
+  int64_t collected_ = 0;
+  size_t inner_mark_ = 0;
+};
+
+}  // namespace trainscope::plan

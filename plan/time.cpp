@@ -1,0 +1,144 @@
+#include "plan/time.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+namespace trainscope::plan {
+
+namespace {
+
+int64_t padded(int64_t numel, int64_t world) { return (numel + world - 1) / world * world; }
+
+struct Pass {
+  double gemm = 0, memory = 0;
+  size_t ops = 0;
+};
+
+Pass cost_of(const std::vector<OpCost>& costs, const DeviceProfile& d, const std::string& dtype) {
+  Pass p;
+  for (const OpCost& c : costs) {
+    if (c.m > 0) p.gemm += d.gemm_seconds(dtype, static_cast<double>(c.m), static_cast<double>(c.n), static_cast<double>(c.k), static_cast<double>(c.batch));
+    else p.memory += d.memory_seconds(static_cast<double>(c.bytes));
+  }
+  p.ops = costs.size();
+  return p;
+}
+
+}  // namespace
+
+json TimePrediction::to_json() const {
+  return {{"forward_s", forward_s},   {"backward_s", backward_s}, {"recompute_s", recompute_s},
+          {"optimizer_s", optimizer_s}, {"compute_s", compute_s}, {"comm_s", comm_s},
+          {"exposed_comm_s", exposed_comm_s}, {"step_s", step_s}, {"bound", bound},
+          {"collectives", collectives}, {"overlap_rule", overlap_rule}};
+}
+
+TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const DeviceProfile& d, const Cluster& c,
+                            int64_t accumulation, double cpu_share) {
+  TimePrediction t;
+  const std::string dtype = d.has(s.replay.num.gemm_dtype) ? s.replay.num.gemm_dtype : "fp32";
+  const double slow = 1.0 / std::max(1e-9, cpu_share);
+  const Pass f = cost_of(m.forward_costs, d, dtype);
+  const Pass r = cost_of(m.recompute_costs, d, dtype);
+  // Backward: each GEMM's two (input and weight gradients), memory-bound work about twice the
+  // forward's (read the saved tensors and the incoming gradient, write the outgoing one).
+  t.forward_s = (f.gemm + f.memory + f.ops * d.op_overhead_s) * slow;
+  t.backward_s = (2 * f.gemm + 2 * f.memory + f.ops * d.backward_node_s) * slow;
+  t.recompute_s = (r.gemm + r.memory + r.ops * (d.op_overhead_s + d.backward_node_s)) * slow;
+  // The optimizer: LibTorch's AdamW makes ~9 kernels and ~23 element accesses per parameter element
+  // (decay, both moments, sqrt, division, the update); SGD with momentum ~3 and ~8.
+  const ParamLayout layout = param_layout(s.replay);
+  const int64_t total = layout.total(), W = s.world, pe = s.replay.num.param;
+  std::vector<int64_t> opt_tensors;
+  if (s.strategy == "single" || s.strategy == "ddp") {
+    opt_tensors = layout.root;
+    for (const auto& b : layout.blocks) opt_tensors.insert(opt_tensors.end(), b.begin(), b.end());
+  } else if (s.strategy == "zero3") {
+    opt_tensors.push_back(padded(std::accumulate(layout.root.begin(), layout.root.end(), int64_t{0}), W) / W);
+    for (const auto& b : layout.blocks) opt_tensors.push_back(padded(std::accumulate(b.begin(), b.end(), int64_t{0}), W) / W);
+  } else {
+    opt_tensors.push_back(padded(total, W) / W);
+  }
+  const bool sgd = s.optimizer == "sgd";
+  for (int64_t n : opt_tensors)
+    t.optimizer_s += (sgd ? 3 : 9) * d.op_overhead_s + d.memory_seconds(static_cast<double>((sgd ? 8 : 23) * n * pe));
+  t.optimizer_s *= slow;
+  const double micro = t.forward_s + t.backward_s + t.recompute_s;
+  t.compute_s = accumulation * micro + t.optimizer_s;
+
+  // ---- communication ---------------------------------------------------------------------------
+  const bool inter = c.nodes > 1;
+  auto add = [&](const std::string& op, double bytes, double calls, double exposed) {
+    const double sec = d.collective_seconds(op, bytes, W, inter);
+    t.comm_s += sec * calls;
+    t.exposed_comm_s += exposed;
+    t.collectives.push_back({{"op", op}, {"bytes", bytes}, {"calls", calls}, {"seconds", sec * calls}, {"exposed_s", exposed}});
+    return sec;
+  };
+  if (W > 1 && s.strategy != "single") {
+    const double grads = static_cast<double>(total * pe);
+    if (s.strategy == "ddp" || s.strategy == "zero1" || s.strategy == "zero2") {
+      // Buckets of bucket_mb (a 1 MiB first one) reduced as backward produces them: hidden behind
+      // the rest of backward, except what outlasts it and the last bucket, which starts at its end.
+      const double cap = std::max(1.0, s.bucket_mb * 1024 * 1024), first = std::min(cap, 1024.0 * 1024);
+      std::vector<double> buckets;
+      for (double left = grads; left > 0;) {
+        const double b = std::min(left, buckets.empty() ? first : cap);
+        buckets.push_back(b);
+        left -= b;
+      }
+      const std::string op = s.strategy == "zero2" ? "reduce-scatter" : "all-reduce";
+      double sum = 0, last = 0;
+      for (double b : buckets) {
+        last = d.collective_seconds(op, b, W, inter);
+        sum += last;
+      }
+      const double exposed = std::max(last, sum - t.backward_s);
+      t.comm_s += sum;
+      t.exposed_comm_s += exposed;
+      t.collectives.push_back({{"op", op}, {"bytes", grads}, {"calls", buckets.size()}, {"seconds", sum}, {"exposed_s", exposed}});
+      if (s.strategy != "ddp") {
+        const double flat = static_cast<double>(padded(total, W) * pe);
+        const double ag = d.collective_seconds("all-gather", flat, W, inter);
+        add("all-gather", flat, 1, ag);  // after the optimizer step: nothing left to hide it
+      }
+      t.overlap_rule = "gradient buckets reduced during backward (exposed: what outlasts backward, at least the last bucket)" +
+                       std::string(s.strategy == "ddp" ? "" : "; the parameter all-gather after the step is exposed");
+    } else if (s.strategy == "zero3") {
+      // Each block: all-gather before its forward and again before its backward, reduce-scatter of its
+      // gradients after. With prefetch the next block's gather runs under the current block's compute.
+      const size_t blocks = layout.blocks.size();
+      const double per_block_fwd = blocks ? (t.forward_s / static_cast<double>(blocks)) : 0;
+      const double per_block_bwd = blocks ? ((t.backward_s + t.recompute_s) / static_cast<double>(blocks)) : 0;
+      double ag_total = 0, ag_exposed = 0, rs_total = 0;
+      const double root = static_cast<double>(padded(std::accumulate(layout.root.begin(), layout.root.end(), int64_t{0}), W) * pe);
+      const double root_ag = d.collective_seconds("all-gather", root, W, inter);
+      const double root_rs = d.collective_seconds("reduce-scatter", root, W, inter);
+      ag_total += root_ag;
+      ag_exposed += root_ag;
+      for (size_t i = 0; i < blocks; ++i) {
+        const double bytes = static_cast<double>(padded(std::accumulate(layout.blocks[i].begin(), layout.blocks[i].end(), int64_t{0}), W) * pe);
+        const double ag = d.collective_seconds("all-gather", bytes, W, inter);
+        const double rs = d.collective_seconds("reduce-scatter", bytes, W, inter);
+        ag_total += 2 * ag * accumulation;
+        rs_total += rs * accumulation;
+        const bool first_f = i == 0, first_b = i + 1 == blocks;
+        const double ef = s.prefetch && !first_f ? std::max(0.0, ag - per_block_fwd) : ag;
+        const double eb = s.prefetch && !first_b ? std::max(0.0, ag - per_block_bwd) : ag;
+        ag_exposed += (ef + eb) * accumulation;
+      }
+      t.comm_s += ag_total + rs_total + root_rs;
+      t.exposed_comm_s += ag_exposed + rs_total + root_rs;
+      t.collectives.push_back({{"op", "all-gather"}, {"seconds", ag_total}, {"exposed_s", ag_exposed}});
+      t.collectives.push_back({{"op", "reduce-scatter"}, {"seconds", rs_total + root_rs}, {"exposed_s", rs_total + root_rs}});
+      t.overlap_rule = s.prefetch ? "each block's all-gather prefetched under the previous block's compute (exposed: what outlasts it, "
+                                    "and the first); reduce-scatters are synchronous (exposed)"
+                                  : "no prefetch: every all-gather and reduce-scatter is exposed";
+    }
+  }
+  t.step_s = t.compute_s + t.exposed_comm_s;
+  t.bound = t.exposed_comm_s > t.compute_s ? (inter ? "inter-node communication" : "intra-node communication") : "compute";
+  return t;
+}
+
+}  // namespace trainscope::plan

@@ -1,0 +1,134 @@
+#include "runners/commands/plan.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "core/errors.hpp"
+#include "core/model_shape.hpp"
+#include "plan/check.hpp"
+#include "plan/device.hpp"
+#include "plan/search.hpp"
+#include "reports/render.hpp"
+#include "reports/render_plan.hpp"
+#include "reports/report.hpp"
+
+namespace trainscope::runners {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// "10%" or "0.1" -> 0.1, in [0, 0.9].
+double parse_headroom(const std::string& text) {
+  try {
+    size_t used = 0;
+    double v = std::stod(text, &used);
+    if (used < text.size() && text.substr(used) == "%") v /= 100;
+    else if (used != text.size()) throw std::invalid_argument(text);
+    if (v < 0 || v > 0.9) throw std::out_of_range(text);
+    return v;
+  } catch (const std::exception&) {
+    throw UsageError("plan: --memory-headroom '" + text + "' is not a fraction in [0, 90%] (e.g. 10%)");
+  }
+}
+
+// Tokens: 4194304, 4M (x 2^20), 512K (x 2^10).
+int64_t parse_tokens(const std::string& text) {
+  try {
+    size_t used = 0;
+    const double v = std::stod(text, &used);
+    double mult = 1;
+    const std::string suffix = text.substr(used);
+    if (suffix == "K" || suffix == "k") mult = 1024;
+    else if (suffix == "M" || suffix == "m") mult = 1024.0 * 1024;
+    else if (suffix == "G" || suffix == "g") mult = 1024.0 * 1024 * 1024;
+    else if (!suffix.empty()) throw std::invalid_argument(text);
+    if (v <= 0) throw std::out_of_range(text);
+    return static_cast<int64_t>(std::llround(v * mult));
+  } catch (const std::exception&) {
+    throw UsageError("plan: --global-batch '" + text + "' is not a token count (e.g. 4M = 4,194,304 tokens, or 1048576)");
+  }
+}
+
+json parse_value(const std::string& v) {
+  try {
+    return json::parse(v);
+  } catch (const json::exception&) {
+    return v;
+  }
+}
+
+void write_file(const fs::path& path, const std::string& text) {
+  std::ofstream f(path);
+  f << text;
+  if (!f) throw std::runtime_error("plan: cannot write " + path.string());
+}
+
+}  // namespace
+
+int plan_command(const PlanArgs& a) {
+  if (!a.check.empty()) {
+    const json report = reports::read_report(a.check);
+    json hardware;
+    if (!a.hardware.empty()) {
+      hardware = reports::read_report(a.hardware);
+      hardware["source"] = a.hardware;
+    }
+    const json check = plan::check_report(report, hardware);
+    if (a.format == "json") std::cout << check.dump(2) << "\n";
+    else std::cout << plan::render_check(check);
+    return 0;
+  }
+  // The model: a preset (or a family) with dimension keys, as the suites take them.
+  static const std::set<std::string> axes = {"precision", "parallel", "checkpoint", "attention", "batch_size"};
+  json cfg = {{"model", a.model}};
+  plan::PlanRequest r;
+  for (const auto& [k, v] : a.sets) {
+    if (axes.count(k)) {
+      r.fixed[k] = v;
+      continue;
+    }
+    const auto& dims = model_dimension_keys();
+    if (k != "model" && std::find(dims.begin(), dims.end(), k) == dims.end()) {
+      std::string allowed;
+      for (const auto& x : axes) allowed += x + ", ";
+      for (const auto& x : dims) allowed += x + ", ";
+      throw UsageError("plan: --set " + k + ": not a planning axis or model dimension (allowed: " + allowed + "model)");
+    }
+    cfg[k] = parse_value(v);
+  }
+  if (a.seq > 0) cfg["seq_len"] = a.seq;
+  // Validate the fixed axes with the run configuration's own checks.
+  json probe = cfg;
+  for (const auto& [k, v] : r.fixed) probe[k] = parse_value(v);
+  if (r.fixed.count("parallel") && r.fixed["parallel"] != "single") probe["world_size"] = 2;
+  const RunConfig c = RunConfig::from_json(probe);
+  r.model = resolve_model(c);
+  if (!a.hardware.empty()) {
+    json hw = reports::read_report(a.hardware);
+    r.device = plan::measured_profile(hw, a.hardware);
+  } else {
+    r.device = plan::datasheet_profile(a.device);
+  }
+  if (a.gpus_per_node < 1 || a.nodes < 1) throw UsageError("plan: --gpus-per-node and --nodes must be at least 1");
+  r.cluster = plan::Cluster{a.gpus_per_node, a.nodes};
+  r.headroom = parse_headroom(a.headroom);
+  if (!a.global_batch.empty()) r.global_tokens = parse_tokens(a.global_batch);
+  const json plan = plan::make_plan(r);
+  if (!a.out.empty()) {
+    fs::create_directories(a.out);
+    write_file(fs::path(a.out) / "plan.json", plan.dump(2) + "\n");
+    write_file(fs::path(a.out) / "plan.md", reports::render_plan_markdown(plan));
+    write_file(fs::path(a.out) / "plan.html", reports::render_plan_html(plan, reports::kChartJsPath));
+  }
+  if (a.format == "json") std::cout << plan.dump(2) << "\n";
+  else if (a.format == "md") std::cout << reports::render_plan_markdown(plan);
+  else std::cout << reports::render_plan_text(plan);
+  if (!a.out.empty()) std::fprintf(stderr, "plan: %s/plan.json, plan.md, plan.html\n", a.out.c_str());
+  return 0;
+}
+
+}  // namespace trainscope::runners

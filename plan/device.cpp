@@ -23,8 +23,12 @@ double Curve::at(double x) const {
 
 double DeviceProfile::gemm_seconds(const std::string& dtype, double m, double n, double k, double batch) const {
   const double flops = 2.0 * m * n * k;
-  auto c = gemm_curve.find(dtype);
-  double rate = c != gemm_curve.end() && !c->second.empty() ? c->second.at(flops) : gemm_rate.at(dtype);
+  double rate = gemm_rate.at(dtype);
+  if (auto b = batched_curve.find(dtype); batch > 1 && b != batched_curve.end() && !b->second.empty()) {
+    rate = b->second.at(flops * batch);
+  } else if (auto c = gemm_curve.find(dtype); c != gemm_curve.end() && !c->second.empty()) {
+    rate = c->second.at(flops);
+  }
   // Roofline: a GEMM also reads its operands and writes its product at least once.
   const double elem = dtype == "fp32" || dtype == "tf32" ? 4 : dtype == "fp8" ? 1 : 2;
   const double bytes = (m * k + k * n + m * n) * elem;
@@ -32,6 +36,18 @@ double DeviceProfile::gemm_seconds(const std::string& dtype, double m, double n,
 }
 
 double DeviceProfile::memory_seconds(double bytes) const { return bytes > 0 ? bytes / bandwidth.at(bytes) : 0; }
+
+double DeviceProfile::elementwise_seconds(const std::string& kind, double elements, int elem, bool backward, bool on_chip) const {
+  if (auto d = elementwise.find(elem == 4 ? "fp32" : "bf16"); d != elementwise.end()) {
+    if (auto k = d->second.find(kind); k != d->second.end()) {
+      const Curve& c = backward ? k->second.second : k->second.first;
+      if (!c.empty()) return elements / c.at(elements);
+    }
+  }
+  if (on_chip) return 0;
+  // Roofline: read the input (and the gradient), write the output.
+  return memory_seconds(elements * elem * (backward ? 3 : 2));
+}
 
 double DeviceProfile::collective_seconds(const std::string& op, double bytes, int64_t ranks, bool inter) const {
   if (ranks < 2 || bytes <= 0) return 0;
@@ -149,6 +165,10 @@ DeviceProfile measured_profile(const json& report, const std::string& source) {
     const json& m = cell["metrics"];
     const std::string device = cell.value("config", json::object()).value("device", "cpu");
     d.gpu = device.rfind("cuda", 0) == 0;
+    if (d.gpu) {  // the GPU's memory, not the host's
+      const json gpus = env.value("gpus", json::array());
+      if (!gpus.empty() && gpus[0].contains("memory_bytes")) d.memory_bytes = gpus[0]["memory_bytes"].get<int64_t>();
+    }
     if (m.contains("hardware") && m["hardware"].contains("gemm")) {
       for (const auto& g : m["hardware"]["gemm"]) {
         if (g.contains("skipped") || !g.contains("achievable_flops_per_s")) continue;
@@ -170,6 +190,14 @@ DeviceProfile measured_profile(const json& report, const std::string& source) {
         }
         std::sort(c.points.begin(), c.points.end());
         d.gemm_curve[dt] = c;
+        Curve bc;
+        for (const auto& p : g.value("batched_curve", json::array())) {
+          const auto s = p["shape"];
+          const double flops = 2.0 * p["batch"].get<double>() * s[0].get<double>() * s[1].get<double>() * s[2].get<double>();
+          if (p["median_flops_per_s"].get<double>() > 0) bc.points.emplace_back(flops, p["median_flops_per_s"].get<double>());
+        }
+        std::sort(bc.points.begin(), bc.points.end());
+        if (!bc.empty()) d.batched_curve[dt] = bc;
         any = true;
       }
       d.sources["gemm"] = "measured GEMM sweep and size curve (" + source + ")";
@@ -184,6 +212,23 @@ DeviceProfile measured_profile(const json& report, const std::string& source) {
       std::sort(c.points.begin(), c.points.end());
       d.bandwidth = c;
       d.op_overhead_s = mem.value("op_overhead_s", 0.0);
+      const json rates = mem.value("elementwise_elements_per_s", json::object());
+      for (const auto& [dt, sizes] : rates.items()) {
+        if (!sizes.is_array()) continue;
+        for (const auto& s : sizes)
+          for (const auto& [kind, r] : s.items()) {
+            if (kind == "elements") continue;
+            const double n = s["elements"].get<double>();
+            auto& [f, b] = d.elementwise[dt][kind];
+            if (r.value("forward", json()).is_number()) f.points.emplace_back(n, r["forward"].get<double>());
+            if (r.value("backward", json()).is_number()) b.points.emplace_back(n, r["backward"].get<double>());
+          }
+      }
+      for (auto& [dt, kinds] : d.elementwise)
+        for (auto& [kind, fb] : kinds) {
+          std::sort(fb.first.points.begin(), fb.first.points.end());
+          std::sort(fb.second.points.begin(), fb.second.points.end());
+        }
       d.backward_node_s = mem.value("backward_node_s", 0.0);
       d.sources["bandwidth"] = "measured copy bandwidth by size (" + source + ")";
       d.sources["op_overhead"] = "measured per-operator and per-backward-node cost (" + source + ")";
@@ -201,7 +246,7 @@ DeviceProfile measured_profile(const json& report, const std::string& source) {
       d.latency_s = 0;  // the measured bus bandwidth by size already carries the latency
       d.sources["intra_node"] = "measured collectives sweep, bus bandwidth by size (" + source + ")";
     }
-    if (const auto cores = env.value("cpu", json::object()).value("cores", int64_t{0}); cores > 0) d.cores = cores;
+    if (const auto cores = env.value("cpu", json::object()).value("logical_cores", int64_t{0}); cores > 0) d.cores = cores;
   }
   if (!any) throw UsageError("plan: " + source + " has no GEMM measurements (run: trainscope run --suite hardware)");
   if (d.bandwidth.empty()) throw UsageError("plan: " + source + " has no memory-bandwidth measurement (run: trainscope run --suite hardware)");

@@ -26,6 +26,10 @@ struct DeviceProfile {
   std::map<std::string, double> peak_flops;  // dtype -> the peak MFU is reported against (FLOP/s)
   std::map<std::string, double> gemm_rate;   // dtype -> the rate large GEMMs achieve (FLOP/s)
   std::map<std::string, Curve> gemm_curve;   // dtype -> achieved FLOP/s by FLOPs per GEMM (measured)
+  std::map<std::string, Curve> batched_curve;  // dtype -> achieved FLOP/s of batched small GEMMs by FLOPs per call
+  // dtype ("fp32", "bf16") -> kind ("activation", "softmax", "norm", "random") -> forward and backward
+  // elements per second by elements (measured); none: the memory roofline.
+  std::map<std::string, std::map<std::string, std::pair<Curve, Curve>>> elementwise;
   Curve bandwidth;                           // bytes/s by bytes moved per operator
   double op_overhead_s = 0, backward_node_s = 0;
   std::map<std::string, Curve> busbw;  // collective op -> bus bandwidth (bytes/s) by bytes, within a node
@@ -38,6 +42,10 @@ struct DeviceProfile {
   // Seconds of one GEMM (batch x m x n x k) in `dtype`.
   double gemm_seconds(const std::string& dtype, double m, double n, double k, double batch) const;
   double memory_seconds(double bytes) const;
+  // Seconds of a compute-bound elementwise kernel (kind: activation, softmax, norm, random) over
+  // `elements` of `elem` bytes, forward or backward: at the measured rate, else the memory roofline.
+  // `on_chip`: inside a fused kernel, so without a measured rate it costs nothing beyond its GEMMs.
+  double elementwise_seconds(const std::string& kind, double elements, int elem, bool backward, bool on_chip = false) const;
   // nccl-tests: time = latency + bytes x factor / busbw, factor 2(n-1)/n for all-reduce, (n-1)/n for
   // all-gather and reduce-scatter; `inter`: the ranks span nodes.
   double collective_seconds(const std::string& op, double bytes, int64_t ranks, bool inter) const;

@@ -67,6 +67,7 @@ struct Net {
   const Numerics& num;
 
   OpCost ew(int64_t bytes) const { return OpCost{0, 0, 0, 1, bytes}; }
+  static OpCost act(OpKind k, const T& x) { return elementwise_cost(k, x.numel, x.elem); }
   // Autocast's cast of a GEMM operand to the low dtype (a new tensor; no-op when already low).
   T lower(const T& x) {
     if (!num.autocast || x.elem == num.low) return x;
@@ -80,15 +81,17 @@ struct Net {
   T linear(const T& x, const T& w, const T* b, int64_t rows, int64_t in, int64_t out) {
     const T xc = lower(x), wc = lower(w);
     const T bc = b ? lower(*b) : T();
-    return t.op({&xc, &wc, b ? &bc : nullptr}, rows * out, xc.elem, {&xc, &wc}, false, 0, OpCost{rows, out, in, 1, 0});
+    return t.op({&xc, &wc, b ? &bc : nullptr}, rows * out, xc.elem, {&xc, &wc}, false, 0, gemm_cost(rows, out, in));
   }
   // A copy making a strided view contiguous (matmul's reshape of a permuted operand, .contiguous()).
   T copy(const T& x) { return t.op({&x}, x.numel, x.elem, {}, false, 0, ew(2 * x.bytes())); }
   T layer_norm(const T& x, const T& w, const T& b, int64_t rows) {
-    return t.op({&x, &w, &b}, x.numel, x.elem, {&x}, false, 2 * rows * 4, ew(3 * x.bytes()));
+    return t.op({&x, &w, &b}, x.numel, x.elem, {&x}, false, 2 * rows * 4, act(OpKind::Norm, x));
   }
-  T unary(const T& x, bool save_in, bool save_out) {
-    return t.op({&x}, x.numel, x.elem, {save_in ? &x : nullptr}, save_out, 0, ew(2 * x.bytes()));
+  // GELU and SiLU save their input, ReLU and softmax their output.
+  T unary(const T& x, bool save_in, bool save_out, OpKind kind = OpKind::Memory) {
+    return t.op({&x}, x.numel, x.elem, {save_in ? &x : nullptr}, save_out, 0,
+                kind == OpKind::Memory ? ew(2 * x.bytes()) : act(kind, x));
   }
   T add(const T& a, const T& b) {
     const int64_t n = std::max(a.numel, b.numel);
@@ -105,6 +108,7 @@ struct Net {
   T dropout(const T& x, double p) {
     if (p <= 0) return x;
     const T noise = t.data(x.numel, x.elem);
+    t.cost(act(OpKind::Random, x));  // bernoulli_ draws the mask
     return mul(x, noise);
   }
   // CPU 16-mixed: a block output rounded through fp16 (RoundFp16: a half temporary, a new tensor).
@@ -117,7 +121,7 @@ struct Net {
   // nll_loss; the logits die when loss() returns.
   T loss(const T& logits, int64_t rows, int64_t classes) {
     const T l32 = cast(logits, std::max(4, logits.elem));
-    const T logp = t.op({&l32}, rows * classes, l32.elem, {}, true, 0, ew(2 * l32.bytes()));
+    const T logp = t.op({&l32}, rows * classes, l32.elem, {}, true, 0, act(OpKind::Softmax, l32));
     return t.op({&logp}, 1, 4, {}, false, 0, ew(logp.bytes()));
   }
 };
@@ -139,29 +143,32 @@ T gpt_block(Net& n, const T& x, const GptBlockParams& p, bool selective) {
     if (sdpa) {
       // The fused kernel saves q, k, v (views of qkv), its output and the log-sum-exp (fp32).
       const T out = t.op({&q, &k, &v}, N * D, e, {&q, &k, &v}, true, B * H * S * 4,
-                         OpCost{S, S, D / H, 2 * B * H, 0});
+                         gemm_cost(S, S, D / H, 2 * B * H));
+      OpCost exps = elementwise_cost(OpKind::Softmax, B * H * S * S / 2, 4);  // the kernel's exponentials (causal half)
+      exps.on_chip = true;
+      t.cost(exps);
       return n.copy(out);  // .transpose(1, 2).reshape: a copy
     }
     T scores;
     {
       const T qc = n.copy(q), kc = n.copy(k);  // matmul's reshape of the permuted operands
-      const T raw = t.op({&qc, &kc}, B * H * S * S, e, {&qc, &kc}, false, 0, OpCost{S, S, D / H, B * H, 0});
+      const T raw = t.op({&qc, &kc}, B * H * S * S, e, {&qc, &kc}, false, 0, gemm_cost(S, S, D / H, B * H));
       scores = n.scale(raw);
     }
     const T mask = t.data(S * S, 1);  // ones(S, S).triu(1): bool
     T att;
     {
       const T filled = t.op({&scores}, scores.numel, e, {&mask}, false, 0, n.ew(2 * scores.bytes()));
-      att = n.unary(filled, false, true);  // softmax saves its output
+      att = n.unary(filled, false, true, OpKind::Softmax);  // softmax saves its output
     }
     att = n.dropout(att, drop);
     const T vc = n.copy(v);
-    const T out = t.op({&att, &vc}, N * D, e, {&att, &vc}, false, 0, OpCost{S, D / H, S, B * H, 0});
+    const T out = t.op({&att, &vc}, N * D, e, {&att, &vc}, false, 0, gemm_cost(S, D / H, S, B * H));
     return n.copy(out);  // .transpose(1, 2).reshape: a copy
   };
   const T y = selective ? t.checkpoint(core, qkv, {}, {}) : core(t, qkv);
   const T h = n.add(x, n.dropout(n.linear(y, *p.projw, p.projb, N, D, D), drop));
-  const T mlp = n.linear(n.unary(n.linear(n.layer_norm(h, *p.ln2w, *p.ln2b, N), *p.fcw, p.fcb, N, D, 4 * D), true, false),
+  const T mlp = n.linear(n.unary(n.linear(n.layer_norm(h, *p.ln2w, *p.ln2b, N), *p.fcw, p.fcb, N, D, 4 * D), true, false, OpKind::Activation),
                          *p.fcpw, p.fcpb, N, 4 * D, D);
   return n.add(h, n.dropout(mlp, drop));
 }
@@ -216,7 +223,10 @@ T llama_block(Net& n, const T& x, const LlamaBlockParams& p, bool selective) {
       // Saves query, key, value, its output ([B,S,H,Dh] in memory, so the transpose is free) and the
       // fp32 log-sum-exp; GQA without copies (enable_gqa).
       const T out = t.op({&query, &k_embed, &v}, N * Hq * Dh, e, {&query, &k_embed, &v}, true, B * Hq * S * 4,
-                         OpCost{S, S, Dh, 2 * B * Hq, 0});
+                         gemm_cost(S, S, Dh, 2 * B * Hq));
+      OpCost exps = elementwise_cost(OpKind::Softmax, B * Hq * S * S / 2, 4);  // the kernel's exponentials (causal half)
+      exps.on_chip = true;
+      t.cost(exps);
       return out;
     }
     // repeat_kv copies K and V to every query head (expand + reshape; none when heads == kv_heads).
@@ -225,19 +235,19 @@ T llama_block(Net& n, const T& x, const LlamaBlockParams& p, bool selective) {
     T w;
     {
       const T qc = n.copy(query);  // q_embed keeps the [B,S,H,Dh] strides of the projection: a copy
-      const T raw = t.op({&qc, &key}, B * Hq * S * S, e, {&qc, &key}, false, 0, OpCost{S, S, Dh, B * Hq, 0});
+      const T raw = t.op({&qc, &key}, B * Hq * S * S, e, {&qc, &key}, false, 0, gemm_cost(S, S, Dh, B * Hq));
       w = n.scale(raw);
     }
     w = t.op({&w}, w.numel, w.elem, {}, false, 0, n.ew(2 * w.bytes()));  // + mask
-    w = t.op({&w}, w.numel, 4, {}, true, 0, n.ew(2 * w.bytes()));        // softmax in fp32, saves its output
+    w = t.op({&w}, w.numel, 4, {}, true, 0, Net::act(OpKind::Softmax, w));  // softmax in fp32, saves its output
     w = n.cast(w, e);
-    const T out = t.op({&w, &value}, N * Hq * Dh, e, {&w, &value}, false, 0, OpCost{S, Dh, S, B * Hq, 0});
+    const T out = t.op({&w, &value}, N * Hq * Dh, e, {&w, &value}, false, 0, gemm_cost(S, Dh, S, B * Hq));
     return n.copy(out);  // .transpose(1, 2).contiguous()
   };
   const T attn = selective ? t.checkpoint(core, q_embed, {&k_embed, &v}, {}) : core(t, q_embed);
   const T h = n.add(x, n.linear(attn, *p.o, nullptr, N, Hq * Dh, D));
   const T normed2 = rms_norm(n, h, *p.ln2, N);
-  const T gate = n.unary(n.linear(normed2, *p.gate, nullptr, N, D, F), true, false);  // SiLU saves its input
+  const T gate = n.unary(n.linear(normed2, *p.gate, nullptr, N, D, F), true, false, OpKind::Activation);  // SiLU saves its input
   const T up = n.linear(normed2, *p.up, nullptr, N, D, F);
   return n.add(h, n.linear(n.mul(gate, up), *p.down, nullptr, N, F, D));
 }
@@ -246,10 +256,10 @@ T llama_block(Net& n, const T& x, const LlamaBlockParams& p, bool selective) {
 T conv(Net& n, const T& x, const T& w, int64_t cin, int64_t cout, int64_t k, int64_t hw_out) {
   const T xc = n.lower(x), wc = n.lower(w);
   return n.t.op({&xc, &wc}, n.r.batch * cout * hw_out, xc.elem, {&xc, &wc}, false, 0,
-                OpCost{n.r.batch * hw_out, cout, cin * k * k, 1, 0});
+                gemm_cost(n.r.batch * hw_out, cout, cin * k * k));
 }
 T batch_norm(Net& n, const T& x, const T& w, const T& b, int64_t c) {
-  return n.t.op({&x, &w, &b}, x.numel, x.elem, {&x}, false, 2 * c * 4, n.ew(3 * x.bytes()));
+  return n.t.op({&x, &w, &b}, x.numel, x.elem, {&x}, false, 2 * c * 4, Net::act(OpKind::Norm, x));
 }
 
 bool checkpointed(const std::string& policy, int64_t index) {

@@ -31,10 +31,13 @@ double gemm_flops(const std::vector<OpCost>& costs) {
   return f;
 }
 
-struct Axis {
-  std::string key;
-  std::vector<std::string> values;
-};
+// Precisions ranked but not recommended unless asked for (--set precision=...): the reason.
+std::string precision_note(const std::string& p) {
+  if (p == "bf16-true") return "bf16 weights and optimizer state, no fp32 master copy: updates below bf16's resolution are lost";
+  if (p == "fp8") return "e4m3 GEMMs in the linear layers: check the loss against bf16-mixed before relying on it";
+  if (p == "16-mixed") return "fp16 needs the dynamic loss scaler; bf16-mixed needs none at the same speed";
+  return "";
+}
 
 }  // namespace
 
@@ -54,13 +57,11 @@ json make_plan(const PlanRequest& r) {
     if (auto f = r.fixed.find(key); f != r.fixed.end()) return std::vector<std::string>{f->second};
     return all;
   };
-  std::vector<std::string> precisions = {"32-true", "bf16-mixed", "16-mixed"};
-  if (d.has("fp8") || !d.gpu) {
-    if (d.has("fp8")) precisions.push_back("fp8");
-  }
+  std::vector<std::string> precisions = {"32-true", "bf16-mixed", "16-mixed", "bf16-true"};
+  if (d.has("fp8")) precisions.push_back("fp8");
   precisions = axis("precision", precisions);
   const std::vector<std::string> strategies = ranks > 1 ? axis("parallel", {"ddp", "zero1", "zero2", "zero3"}) : axis("parallel", {"single"});
-  const std::vector<std::string> policies = axis("checkpoint", {"none", "selective", "every:4", "every:2", "full"});
+  const std::vector<std::string> policies = axis("checkpoint", {"none", "selective", "every:8", "every:4", "every:2", "full"});
   const std::vector<std::string> attentions = axis("attention", {"sdpa", "eager"});
   std::vector<int64_t> micro;
   if (auto f = r.fixed.find("batch_size"); f != r.fixed.end()) {
@@ -90,6 +91,7 @@ json make_plan(const PlanRequest& r) {
             ++searched;
             json cand = {{"precision", prec}, {"parallel", strat}, {"checkpoint", ckpt}, {"attention", attn},
                          {"micro_batch", b}, {"accumulation", seqs_per_rank / b}};
+            if (const std::string note = precision_note(prec); !note.empty()) cand["note"] = note;
             if (too_big) {
               // Memory grows with the micro-batch: a larger one than one that did not fit does not either.
               cand["fits"] = false;
@@ -171,8 +173,17 @@ json make_plan(const PlanRequest& r) {
     }
 
   json rec;
-  if (fit > 0) {
-    const json& best = candidates[0];
+  // The recommendation: the fastest that fits among the precisions that need no caveat (bf16-mixed,
+  // 32-true), unless the precision was fixed; the others stay in the table with their notes.
+  const json* pick = nullptr;
+  for (const auto& c : candidates)
+    if (c["fits"].get<bool>() && (r.fixed.count("precision") || !c.contains("note"))) {
+      pick = &c;
+      break;
+    }
+  if (!pick && fit > 0) pick = &candidates[0];  // only noted precisions fit: the fastest, with its note
+  if (pick) {
+    const json& best = *pick;
     char line[640];
     std::snprintf(line, sizeof line,
                   "%s on %lld x %s (%lld node%s): %s, %s, checkpoint %s, %s attention, micro-batch %lld x %lld accumulation: "
@@ -191,24 +202,40 @@ json make_plan(const PlanRequest& r) {
       text += line;
     }
     json why = json::array();
-    why.push_back("fastest of " + std::to_string(fit) + " configurations that fit in " + gb(usable) + " usable per GPU (" +
-                  std::to_string(static_cast<int>(std::lround(100 * r.headroom))) + "% headroom)");
+    why.push_back("fastest of the " + std::to_string(fit) + " configurations that fit in " + gb(usable) + " usable per GPU (" +
+                  std::to_string(static_cast<int>(std::lround(100 * r.headroom))) + "% headroom)" +
+                  (r.fixed.count("precision") ? "" : " among bf16-mixed and 32-true"));
+    if (&best != &candidates[0]) {
+      const json& top = candidates[0];
+      why.push_back(top["precision"].get<std::string>() + " (" + top["parallel"].get<std::string>() + ", checkpoint " +
+                    top["checkpoint"].get<std::string>() + ") would reach " +
+                    std::to_string(static_cast<int>(std::lround(100 * top["tokens_per_s_per_gpu"].get<double>() /
+                                                                best["tokens_per_s_per_gpu"].get<double>()))) +
+                    "% of this throughput: " + top.value("note", std::string()));
+    }
     why.push_back("step " + format_seconds(best["time"]["step_s"]) + ": compute " + format_seconds(best["time"]["compute_s"]) +
                   ", exposed communication " + format_seconds(best["time"]["exposed_comm_s"]) + " (" +
                   best["time"]["bound"].get<std::string>() + "-bound)");
-    // The best of each other strategy, for contrast.
+    // Each other strategy: its best eligible configuration for contrast, or why it does not fit in
+    // the recommended precision.
+    const bool any_precision = r.fixed.count("precision") > 0;
     for (const auto& strat : strategies) {
       if (strat == best["parallel"]) continue;
+      bool found = false;
       for (const auto& c : candidates)
-        if (c["fits"].get<bool>() && c["parallel"] == strat) {
+        if (c["fits"].get<bool>() && c["parallel"] == strat && (any_precision || !c.contains("note"))) {
           const double ratio = c["tokens_per_s_per_gpu"].get<double>() / best["tokens_per_s_per_gpu"].get<double>();
           why.push_back("best " + strat + " (" + c["precision"].get<std::string>() + ", checkpoint " + c["checkpoint"].get<std::string>() +
                         ", micro-batch " + std::to_string(c["micro_batch"].get<int64_t>()) + "): " +
                         std::to_string(static_cast<int>(std::lround(100 * ratio))) + "% of its throughput");
+          found = true;
           break;
         }
+      if (found) continue;
+      for (const auto& rj : rejected)
+        if (rj["parallel"] == strat && rj["precision"] == best["precision"])
+          why.push_back(strat + " does not fit in " + best["precision"].get<std::string>() + ": " + rj["reason"].get<std::string>());
     }
-    for (const auto& rj : rejected) why.push_back(rj["precision"].get<std::string>() + " " + rj["parallel"].get<std::string>() + " does not fit: " + rj["reason"].get<std::string>());
     rec = {{"text", text}, {"candidate", best}, {"reasoning", why}};
   } else {
     std::string text = "nothing fits " + m.name + " on " + std::to_string(ranks) + " x " + d.name + ": ";

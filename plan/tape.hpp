@@ -37,12 +37,22 @@ struct T {
   explicit operator bool() const { return numel > 0; }
 };
 
-// What an operator costs, for the time model: GEMM dimensions (m x k by k x n; 0: none) and the bytes
-// a memory-bound kernel reads and writes.
+// What an operator costs, for the time model: GEMM dimensions (m x k by k x n, `batch` of them), or
+// the bytes a memory-bound kernel reads and writes, or the elements a compute-bound elementwise
+// kernel (GELU/SiLU, softmax, normalisation, random numbers) processes at its measured rate.
+enum class OpKind { Gemm, Memory, Activation, Softmax, Norm, Random };
 struct OpCost {
   int64_t m = 0, n = 0, k = 0, batch = 1;
   int64_t bytes = 0;
+  OpKind kind = OpKind::Memory;
+  int64_t elements = 0;
+  int elem = 4;  // element bytes of the elementwise kinds
+  bool on_chip = false;  // inside a fused kernel (flash attention's exponentials): no memory traffic of its own
 };
+inline OpCost gemm_cost(int64_t m, int64_t n, int64_t k, int64_t batch = 1) { return OpCost{m, n, k, batch, 0, OpKind::Gemm, 0, 4}; }
+inline OpCost elementwise_cost(OpKind kind, int64_t elements, int elem) {
+  return OpCost{0, 0, 0, 1, elements * elem * 2, kind, elements, elem};
+}
 
 struct Node {
   std::vector<std::pair<int, int64_t>> inputs;  // (autograd id, gradient bytes)
@@ -109,6 +119,8 @@ class Tape {
   void free_param_grads();
 
   // ---- cost ------------------------------------------------------------------------------------
+  // An operator's cost that is no allocation of its own (dropout's random draw).
+  void cost(const OpCost& c) { (recording_cost ? forward_costs : recompute_costs).push_back(c); }
   std::vector<OpCost> forward_costs;
   std::vector<OpCost> recompute_costs;  // checkpointing's second forward (in backward)
   int64_t ops = 0;  // forward operators recorded (kernel launches / dispatches)

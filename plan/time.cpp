@@ -1,6 +1,7 @@
 #include "plan/time.hpp"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 
 namespace trainscope::plan {
@@ -10,17 +11,52 @@ namespace {
 int64_t padded(int64_t numel, int64_t world) { return (numel + world - 1) / world * world; }
 
 struct Pass {
-  double gemm = 0, memory = 0;
+  double forward = 0, backward = 0;
   size_t ops = 0;
+  std::map<std::string, std::pair<double, double>> by_kind;  // kind -> (forward, backward) seconds
 };
 
+const char* kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::Activation: return "activation";
+    case OpKind::Softmax: return "softmax";
+    case OpKind::Norm: return "norm";
+    case OpKind::Random: return "random";
+    default: return "memory";
+  }
+}
+
+// Forward and backward seconds of a pass's operators: a GEMM's backward is two GEMMs of its size
+// (input and weight gradients); a memory-bound operator's backward moves about twice its bytes; the
+// compute-bound elementwise kinds at their measured backward rates (dropout's backward: a product).
 Pass cost_of(const std::vector<OpCost>& costs, const DeviceProfile& d, const std::string& dtype) {
   Pass p;
   for (const OpCost& c : costs) {
-    if (c.m > 0) p.gemm += d.gemm_seconds(dtype, static_cast<double>(c.m), static_cast<double>(c.n), static_cast<double>(c.k), static_cast<double>(c.batch));
-    else p.memory += d.memory_seconds(static_cast<double>(c.bytes));
+    if (c.kind == OpKind::Gemm) {
+      const double s = d.gemm_seconds(dtype, static_cast<double>(c.m), static_cast<double>(c.n), static_cast<double>(c.k),
+                                      static_cast<double>(c.batch));
+      p.forward += s;
+      p.backward += 2 * s;
+      p.by_kind["gemm"].first += s;
+      p.by_kind["gemm"].second += 2 * s;
+    } else if (c.kind == OpKind::Memory) {
+      const double s = d.memory_seconds(static_cast<double>(c.bytes));
+      p.forward += s;
+      p.backward += 2 * s;
+      p.by_kind["memory"].first += s;
+      p.by_kind["memory"].second += 2 * s;
+    } else {
+      const double e = static_cast<double>(c.elements);
+      const double f = d.elementwise_seconds(kind_name(c.kind), e, c.elem, false, c.on_chip);
+      const double b = c.kind == OpKind::Random ? d.memory_seconds(3 * e * c.elem)
+                                                : d.elementwise_seconds(kind_name(c.kind), e, c.elem, true, c.on_chip);
+      p.forward += f;
+      p.backward += b;
+      p.by_kind[kind_name(c.kind)].first += f;
+      p.by_kind[kind_name(c.kind)].second += b;
+    }
+    if (c.kind != OpKind::Random) ++p.ops;
   }
-  p.ops = costs.size();
   return p;
 }
 
@@ -30,7 +66,7 @@ json TimePrediction::to_json() const {
   return {{"forward_s", forward_s},   {"backward_s", backward_s}, {"recompute_s", recompute_s},
           {"optimizer_s", optimizer_s}, {"compute_s", compute_s}, {"comm_s", comm_s},
           {"exposed_comm_s", exposed_comm_s}, {"step_s", step_s}, {"bound", bound},
-          {"collectives", collectives}, {"overlap_rule", overlap_rule}};
+          {"collectives", collectives}, {"overlap_rule", overlap_rule}, {"breakdown", breakdown}};
 }
 
 TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const DeviceProfile& d, const Cluster& c,
@@ -40,11 +76,12 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
   const double slow = 1.0 / std::max(1e-9, cpu_share);
   const Pass f = cost_of(m.forward_costs, d, dtype);
   const Pass r = cost_of(m.recompute_costs, d, dtype);
-  // Backward: each GEMM's two (input and weight gradients), memory-bound work about twice the
-  // forward's (read the saved tensors and the incoming gradient, write the outgoing one).
-  t.forward_s = (f.gemm + f.memory + f.ops * d.op_overhead_s) * slow;
-  t.backward_s = (2 * f.gemm + 2 * f.memory + f.ops * d.backward_node_s) * slow;
-  t.recompute_s = (r.gemm + r.memory + r.ops * (d.op_overhead_s + d.backward_node_s)) * slow;
+  for (const auto& [k, fb] : f.by_kind) t.breakdown[k] = {{"forward_s", fb.first * slow}, {"backward_s", fb.second * slow}};
+  t.breakdown["per_operator"] = {{"forward_s", f.ops * d.op_overhead_s * slow}, {"backward_s", f.ops * d.backward_node_s * slow},
+                                 {"operators", f.ops}};
+  t.forward_s = (f.forward + f.ops * d.op_overhead_s) * slow;
+  t.backward_s = (f.backward + f.ops * d.backward_node_s) * slow;
+  t.recompute_s = (r.forward + r.ops * (d.op_overhead_s + d.backward_node_s)) * slow;
   // The optimizer: LibTorch's AdamW makes ~9 kernels and ~23 element accesses per parameter element
   // (decay, both moments, sqrt, division, the update); SGD with momentum ~3 and ~8.
   const ParamLayout layout = param_layout(s.replay);
@@ -78,15 +115,24 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
   if (W > 1 && s.strategy != "single") {
     const double grads = static_cast<double>(total * pe);
     if (s.strategy == "ddp" || s.strategy == "zero1" || s.strategy == "zero2") {
-      // Buckets of bucket_mb (a 1 MiB first one) reduced as backward produces them: hidden behind
-      // the rest of backward, except what outlasts it and the last bucket, which starts at its end.
+      // Buckets as c10d's compute_bucket_assignment_by_size makes them: whole parameters in order, a
+      // bucket closed once it reaches its limit (1 MiB for the first, bucket_mb after), reduced as
+      // backward produces them: hidden behind the rest of backward, except what outlasts it and the
+      // last bucket, which starts at its end.
       const double cap = std::max(1.0, s.bucket_mb * 1024 * 1024), first = std::min(cap, 1024.0 * 1024);
       std::vector<double> buckets;
-      for (double left = grads; left > 0;) {
-        const double b = std::min(left, buckets.empty() ? first : cap);
-        buckets.push_back(b);
-        left -= b;
-      }
+      double open = 0;
+      auto add_param = [&](int64_t numel) {
+        open += static_cast<double>(numel * pe);
+        if (open >= (buckets.empty() ? first : cap)) {
+          buckets.push_back(open);
+          open = 0;
+        }
+      };
+      for (int64_t n : layout.root) add_param(n);
+      for (const auto& b : layout.blocks)
+        for (int64_t n : b) add_param(n);
+      if (open > 0) buckets.push_back(open);
       const std::string op = s.strategy == "zero2" ? "reduce-scatter" : "all-reduce";
       double sum = 0, last = 0;
       for (double b : buckets) {

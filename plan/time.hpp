@@ -27,6 +27,7 @@ struct TimePrediction {
   std::string bound;           // compute | intra-node communication | inter-node communication
   json collectives = json::array();  // per op: bytes per call, calls, seconds, exposed seconds
   std::string overlap_rule;
+  json breakdown = json::object();  // compute seconds per operator kind, forward and backward
   json to_json() const;
 };
 

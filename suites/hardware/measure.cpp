@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <tuple>
 
 #include "core/datasheet.hpp"
 #include "core/stats.hpp"
@@ -176,6 +178,26 @@ json gemm_peak(const std::string& device, const std::string& dtype, bool thoroug
     curve.push_back({{"shape", shape_json(s)}, {"median_flops_per_s", g.median}});
   }
   out["curve"] = curve;
+  // Batched small GEMMs, as attention runs them (batch x S x S x Dh): achieved FLOP/s by the FLOPs
+  // of one call.
+  json batched = json::array();
+  if (dtype != "fp8") {
+    for (const auto& [b, s, dh] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{128, 64, 16}, {64, 256, 32}, {16, 1024, 64}}) {
+      torch::NoGradGuard no_grad;
+      const auto o = torch::TensorOptions().dtype(scalar_of(dtype)).device(device);
+      torch::Tensor q = torch::randn({b, s, dh}, o), k = torch::randn({b, dh, s}, o), r = torch::empty({b, s, s}, o);
+      for (int i = 0; i < warmup; ++i) torch::bmm_out(r, q, k);
+      sync(device);
+      std::vector<double> rates;
+      const double flops = 2.0 * static_cast<double>(b * s * s * dh);
+      for (int i = 0; i < iterations; ++i) {
+        const double t = time_once(device, [&] { torch::bmm_out(r, q, k); });
+        if (t > 0) rates.push_back(flops / t);
+      }
+      batched.push_back({{"batch", b}, {"shape", {s, s, dh}}, {"median_flops_per_s", summarize(rates).p50}});
+    }
+  }
+  out["batched_curve"] = batched;
   const std::string name = device_name(device);
   out["device_name"] = name;
   if (const auto peak = datasheet_peak_flops(name, dtype)) {
@@ -238,7 +260,59 @@ json memory_bandwidth(const std::string& device) {
     op_s = summarize(fwd).p50;
     node_s = summarize(bwd).p50;
   }
-  json out{{"curve", curve}, {"op_overhead_s", op_s}, {"backward_node_s", node_s},
+  // Compute-bound elementwise kernels, elements per second forward and backward, per dtype and size
+  // (64K to 4M elements: the activations of small and large cells): the activations (GELU), softmax,
+  // LayerNorm and the random draw of dropout.
+  json elementwise = json::object();
+  for (const auto& dt : std::vector<std::string>{"fp32", "bf16"}) {
+    json sizes = json::array();
+    for (const int64_t rows : cuda ? std::vector<int64_t>{256, 4096, 65536} : std::vector<int64_t>{64, 256, 1024, 4096}) {
+      const auto o = torch::TensorOptions().dtype(scalar_of(dt)).device(device);
+      const int64_t cols = 1024, n = rows * cols;
+      // As in a training step, operands come from memory, not from the cache: each call takes the
+      // next of a set of buffers larger than the caches together (>= 64 MiB).
+      const int64_t bytes = n * (dt == "fp32" ? 4 : 2);
+      const int64_t copies = std::max<int64_t>(2, (int64_t{64} << 20) / bytes);
+      std::vector<torch::Tensor> xs, gs;
+      for (int64_t i = 0; i < copies; ++i) {
+        xs.push_back(torch::randn({rows, cols}, o));
+        gs.push_back(torch::randn({rows, cols}, o));
+      }
+      torch::Tensor x, g, w = torch::ones({cols}, o), b = torch::zeros({cols}, o);
+      size_t next = 0;
+      auto rate = [&](const std::function<void()>& fn) {
+        std::vector<double> r;
+        for (int i = 0; i < 8; ++i) {
+          x = xs[next % xs.size()];
+          g = gs[next % gs.size()];
+          ++next;
+          if (i == 0) {
+            fn();
+            continue;
+          }
+          const double t = time_once(device, fn);
+          if (t > 0) r.push_back(static_cast<double>(n) / t);
+        }
+        return summarize(r).p50;
+      };
+      torch::NoGradGuard no_grad;
+      x = xs[0];
+      const torch::Tensor sm = torch::softmax(x, -1);
+      const auto ln = at::native_layer_norm(x, {cols}, w, b, 1e-5);
+      sizes.push_back(
+          {{"elements", n},
+           {"activation", {{"forward", rate([&] { at::gelu(x); })}, {"backward", rate([&] { at::gelu_backward(g, x); })}}},
+           {"softmax", {{"forward", rate([&] { torch::softmax(x, -1); })},
+                        {"backward", rate([&] { at::_softmax_backward_data(g, sm, -1, sm.scalar_type()); })}}},
+           {"norm", {{"forward", rate([&] { at::native_layer_norm(x, {cols}, w, b, 1e-5); })},
+                     {"backward", rate([&] {
+                        at::native_layer_norm_backward(g, x, {cols}, std::get<1>(ln), std::get<2>(ln), w, b, {true, true, true});
+                      })}}},
+           {"random", {{"forward", rate([&] { torch::empty_like(x).bernoulli_(0.9); })}, {"backward", nullptr}}}});
+    }
+    elementwise[dt] = sizes;
+  }
+  json out{{"curve", curve}, {"op_overhead_s", op_s}, {"backward_node_s", node_s}, {"elementwise_elements_per_s", elementwise},
            {"method", "copy_ of a " + std::to_string(bytes >> 20) + " MiB buffer, bytes read + written per second, best of " +
                           std::to_string(rates.size())},
            {"bytes", bytes},

@@ -32,6 +32,14 @@ json check_report(const json& report, const json& hardware) {
   std::vector<double> peak_err, state_err, step_err, comm_err;
   std::optional<DeviceProfile> device;
   if (!hardware.is_null()) device = measured_profile(hardware, hardware.value("source", std::string("hardware report")));
+  // The replay of a configuration, with the measured GEMM scratch of this CPU when there is a profile.
+  auto setup_for = [&device](const RunConfig& c, bool cuda) {
+    StepSetup s = step_setup(c, cuda);
+    if (device && !cuda)
+      for (const auto& [dtype, elem] : std::vector<std::pair<std::string, int>>{{"bf16", 2}, {"fp32", 4}})
+        if (auto w = device->gemm_workspace.find(dtype); w != device->gemm_workspace.end()) s.replay.gemm_workspace[elem] = w->second;
+    return s;
+  };
   for (const auto& cell : report.value("cells", json::array())) {
     json row = {{"cell", cell.value("name", "")}};
     const json& cfg = cell.value("config", json::object());
@@ -53,7 +61,7 @@ json check_report(const json& report, const json& hardware) {
     MemoryPrediction p;
     StepSetup setup;
     try {
-      setup = step_setup(c, cuda);
+      setup = setup_for(c, cuda);
       p = predict_memory(setup);
     } catch (const UsageError& e) {
       row["skipped"] = e.what();
@@ -103,14 +111,61 @@ json check_report(const json& report, const json& hardware) {
     }
     cells.push_back(row);
   }
+  // The memory frontier: the largest batch under the run's budget, predicted by replaying batch sizes
+  // (memory grows with the batch) beside the one the run found by bisection.
+  json frontier = json::array();
+  std::vector<double> frontier_err;
+  for (const auto& f : report.value("frontier", json::array())) {
+    if (!f.contains("largest_batch") || !f["largest_batch"].is_number()) continue;
+    json base;
+    for (const auto& cell : report["cells"]) {
+      const json& cfg = cell.value("config", json::object());
+      if (cfg.value("model", "") == f.value("model", "") && cfg.value("precision", "") == f.value("precision", "") &&
+          cfg.value("checkpoint", "") == f.value("checkpoint", "") && cfg.value("world_size", 1) == f.value("world_size", 1)) {
+        base = cfg;
+        break;
+      }
+    }
+    if (base.is_null()) continue;
+    base["memory_budget"] = f.value("budget", "none");
+    RunConfig c = RunConfig::from_json(base);
+    const int64_t budget = memory_budget_bytes(c);
+    if (budget <= 0) continue;
+    const bool cuda = base.value("device", "cpu").rfind("cuda", 0) == 0;
+    auto fits = [&](int64_t b) {
+      c.batch_size = b;
+      return predict_memory(setup_for(c, cuda)).peak <= budget;
+    };
+    int64_t lo = 0, hi = 1;
+    while (hi <= (int64_t{1} << 20) && fits(hi)) lo = hi, hi *= 2;
+    while (hi - lo > 1) {
+      const int64_t mid = (lo + hi) / 2;
+      (fits(mid) ? lo : hi) = mid;
+    }
+    const double measured = f["largest_batch"].get<double>();
+    const double e = rel_error(static_cast<double>(lo), measured);
+    frontier_err.push_back(e);
+    frontier.push_back({{"model", f["model"]}, {"precision", f["precision"]}, {"checkpoint", f["checkpoint"]},
+                        {"budget", f["budget"]}, {"predicted_largest_batch", lo}, {"measured_largest_batch", f["largest_batch"]},
+                        {"error", e}});
+  }
   return {{"cells", cells},
+          {"frontier", frontier},
           {"summary", {{"peak", distribution(peak_err)}, {"model_state", distribution(state_err)},
-                       {"step_time", distribution(step_err)}, {"comm_time", distribution(comm_err)}}}};
+                       {"step_time", distribution(step_err)}, {"comm_time", distribution(comm_err)},
+                       {"frontier", distribution(frontier_err)}}}};
 }
 
 std::string render_check(const json& check) {
   std::string out;
   char line[512];
+  auto summary = [&](const char* what, const json& d) {
+    if (!d.is_object()) return;
+    std::snprintf(line, sizeof line, "%s: %lld cells, median |error| %.2f%%, worst %.2f%%\n", what,
+                  static_cast<long long>(d["count"].get<int64_t>()), 100 * d["median_abs"].get<double>(),
+                  100 * d["worst_abs"].get<double>());
+    out += line;
+  };
   std::snprintf(line, sizeof line, "%-44s %12s %12s %8s %8s %9s %9s %8s %8s\n", "cell", "peak pred", "peak meas", "err", "state",
                 "step pred", "step meas", "err", "comm err");
   out += line;
@@ -127,6 +182,21 @@ std::string render_check(const json& check) {
                   1e3 * r["measured"].value("step_time_s", 0.0), 100 * r.value("step_error", 0.0), 100 * r.value("comm_error", 0.0));
     out += line;
   }
+  for (const auto& f : check.value("frontier", json::array())) {
+    std::snprintf(line, sizeof line, "frontier %s/%s/%s under %s: largest batch predicted %lld, measured %lld (%+.1f%%)\n",
+                  f["model"].get<std::string>().c_str(), f["precision"].get<std::string>().c_str(),
+                  f["checkpoint"].get<std::string>().c_str(), f["budget"].get<std::string>().c_str(),
+                  static_cast<long long>(f["predicted_largest_batch"].get<int64_t>()),
+                  static_cast<long long>(f["measured_largest_batch"].get<int64_t>()), 100 * f["error"].get<double>());
+    out += line;
+  }
+  const json& s = check["summary"];
+  out += "\n";
+  summary("peak memory", s["peak"]);
+  summary("model state", s["model_state"]);
+  summary("step time (steps >= 10 ms)", s["step_time"]);
+  summary("communication per step", s["comm_time"]);
+  summary("frontier's largest batch", s["frontier"]);
   return out;
 }
 

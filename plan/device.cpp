@@ -198,6 +198,11 @@ DeviceProfile measured_profile(const json& report, const std::string& source) {
         }
         std::sort(bc.points.begin(), bc.points.end());
         if (!bc.empty()) d.batched_curve[dt] = bc;
+        Curve ws;
+        for (const auto& p : g.value("workspace", json::array()))
+          if (p["bytes"].get<double>() > 0) ws.points.emplace_back(p["k"].get<double>(), p["bytes"].get<double>());
+        std::sort(ws.points.begin(), ws.points.end());
+        if (!ws.empty()) d.gemm_workspace[dt] = ws;
         any = true;
       }
       d.sources["gemm"] = "measured GEMM sweep and size curve (" + source + ")";

@@ -8,15 +8,9 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "plan/curve.hpp"
 
 namespace trainscope::plan {
-
-// y(x) through measured points, linear in log-log between them, flat beyond the ends.
-struct Curve {
-  std::vector<std::pair<double, double>> points;  // sorted by x
-  double at(double x) const;
-  bool empty() const { return points.empty(); }
-};
 
 struct DeviceProfile {
   std::string name;       // "H100-SXM", or the measured device's name
@@ -26,7 +20,8 @@ struct DeviceProfile {
   std::map<std::string, double> peak_flops;  // dtype -> the peak MFU is reported against (FLOP/s)
   std::map<std::string, double> gemm_rate;   // dtype -> the rate large GEMMs achieve (FLOP/s)
   std::map<std::string, Curve> gemm_curve;   // dtype -> achieved FLOP/s by FLOPs per GEMM (measured)
-  std::map<std::string, Curve> batched_curve;  // dtype -> achieved FLOP/s of batched small GEMMs by FLOPs per call
+  std::map<std::string, Curve> batched_curve;
+  std::map<std::string, Curve> gemm_workspace;  // dtype -> bytes a GEMM allocates beyond its product, by k (CPU)  // dtype -> achieved FLOP/s of batched small GEMMs by FLOPs per call
   // dtype ("fp32", "bf16") -> kind ("activation", "softmax", "norm", "random") -> forward and backward
   // elements per second by elements (measured); none: the memory roofline.
   std::map<std::string, std::map<std::string, std::pair<Curve, Curve>>> elementwise;

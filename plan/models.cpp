@@ -71,6 +71,13 @@ struct Net {
   // Autocast's cast of a GEMM operand to the low dtype (a new tensor; no-op when already low).
   T lower(const T& x) {
     if (!num.autocast || x.elem == num.low) return x;
+    if (x.param) {
+      auto hit = t.autocast_cache.find(x.id);
+      if (hit != t.autocast_cache.end()) return hit->second;
+      T c = t.op({&x}, x.numel, num.low, {}, false, 0, ew(x.bytes() + x.numel * num.low));
+      t.autocast_cache.emplace(x.id, c);
+      return c;
+    }
     return t.op({&x}, x.numel, num.low, {}, false, 0, ew(x.bytes() + x.numel * num.low));
   }
   T cast(const T& x, int elem) {
@@ -78,10 +85,17 @@ struct Net {
     return t.op({&x}, x.numel, elem, {}, false, 0, ew(x.bytes() + x.numel * elem));
   }
   // aten::linear over [rows, in] (addmm): saves the input and the weight, both as autocast passes them.
+  // Library scratch of one GEMM with inner dimension k in this element size (oneDNN's, on a CPU).
+  int64_t workspace(int elem, int64_t k) const {
+    auto c = r.gemm_workspace.find(elem);
+    return c == r.gemm_workspace.end() || c->second.empty() ? 0 : static_cast<int64_t>(c->second.at(static_cast<double>(k)));
+  }
   T linear(const T& x, const T& w, const T* b, int64_t rows, int64_t in, int64_t out) {
     const T xc = lower(x), wc = lower(w);
     const T bc = b ? lower(*b) : T();
-    return t.op({&xc, &wc, b ? &bc : nullptr}, rows * out, xc.elem, {&xc, &wc}, false, 0, gemm_cost(rows, out, in));
+    // Backward: the input gradient's GEMM (inner dimension out) and the weight's (inner dimension rows).
+    return t.op({&xc, &wc, b ? &bc : nullptr}, rows * out, xc.elem, {&xc, &wc}, false, 0, gemm_cost(rows, out, in),
+                workspace(xc.elem, in), std::max(workspace(xc.elem, out), workspace(xc.elem, rows)));
   }
   // A copy making a strided view contiguous (matmul's reshape of a permuted operand, .contiguous()).
   T copy(const T& x) { return t.op({&x}, x.numel, x.elem, {}, false, 0, ew(2 * x.bytes())); }
@@ -95,7 +109,9 @@ struct Net {
   }
   T add(const T& a, const T& b) {
     const int64_t n = std::max(a.numel, b.numel);
-    return t.op({&a, &b}, n, wider(a, b), {}, false, 0, ew(3 * n * wider(a, b)));
+    T o = t.op({&a, &b}, n, wider(a, b), {}, false, 0, ew(3 * n * wider(a, b)));
+    t.mark_passthrough();  // AddBackward returns the incoming gradient for both (same size and dtype)
+    return o;
   }
   // a * b where each factor is saved only if the other's gradient is wanted.
   T mul(const T& a, const T& b) {

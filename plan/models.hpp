@@ -2,9 +2,11 @@
 // The reference models' forward passes replayed on a Tape: the same operators in the same order with
 // the same temporaries and the same saved tensors as suites/models (each function names the code it
 // mirrors), so that the tape's live bytes are the accounting allocator's. Torch-free.
+#include <map>
 #include <string>
 
 #include "core/model_shape.hpp"
+#include "plan/curve.hpp"
 #include "plan/tape.hpp"
 
 namespace trainscope::plan {
@@ -30,6 +32,9 @@ struct Replay {
   std::string checkpoint = "none";                                // none | full | every:k | selective
   Numerics num;
   bool cuda = false;
+  // Bytes a GEMM allocates beyond its product by its inner dimension, per element size (2: bf16/fp16,
+  // 4: fp32), as the hardware suite measured them on this CPU (oneDNN's scratchpad); none: zero.
+  std::map<int, Curve> gemm_workspace;
 };
 
 // The model's parameters, in module order, grouped by block (zero3's units): element counts.

@@ -202,6 +202,7 @@ MemoryPrediction predict_memory(const StepSetup& s) {
       }
       loss = forward_loss(t, r, params, input, target);
       t.block_wrapper = nullptr;
+      t.autocast_cache.clear();  // the step's autocast region exits with the forward
       if (step == 1) {
         out.forward_costs = t.forward_costs;
         out.forward_ops = t.ops;

@@ -23,7 +23,7 @@ T Tape::param(int64_t numel, int elem) {
 }
 
 T Tape::op(const std::vector<const T*>& in, int64_t out, int elem, const std::vector<const T*>& saved,
-           bool save_output, int64_t extra_saved, OpCost cost) {
+           bool save_output, int64_t extra_saved, OpCost cost, int64_t workspace, int64_t backward_workspace) {
   if (recording_cost) ++ops;
   (recording_cost ? forward_costs : recompute_costs).push_back(cost);
   bool wants = false;
@@ -31,6 +31,8 @@ T Tape::op(const std::vector<const T*>& in, int64_t out, int elem, const std::ve
     if (t && t->grad()) wants = true;
   wants = wants && grad_enabled;
   T o = make(out, elem, wants);
+  if (workspace > 0) transient(workspace);
+  last_node_ = wants;
   if (!wants) {
     if (extra_saved > 0) transient(extra_saved);
     return o;
@@ -43,6 +45,7 @@ T Tape::op(const std::vector<const T*>& in, int64_t out, int elem, const std::ve
     if (t && t->storage) n.saved.push_back(t->storage);
   if (save_output) n.saved.push_back(o.storage);
   if (extra_saved > 0) n.saved.push_back(std::make_shared<Storage>(this, extra_saved));
+  n.work = backward_workspace;
   nodes_.push_back(std::move(n));
   return o;
 }
@@ -86,19 +89,34 @@ T Tape::checkpoint(const std::function<T(Tape&, const T&)>& fn, const T& x, cons
   // Backward: the block re-runs with grad on (on the saved input itself: detach() shares its storage),
   // then its own nodes run with the incoming gradient as the seed; the recomputed graph goes with them.
   T x_copy = x;
-  n.recompute = [fn, x_copy](Tape& tape, int out_id) {
+  std::vector<std::pair<int, int64_t>> params_in;
+  for (const T* p : params) params_in.emplace_back(p->id, p->bytes());
+  n.recompute = [fn, x_copy, params_in](Tape& tape, int out_id) {
     const bool rec = tape.recording_cost;
     tape.recording_cost = false;
     const size_t mark = tape.nodes_.size();
     T y2 = fn(tape, x_copy);
+    tape.autocast_cache.clear();  // the recompute's autocast region is the outermost: its exit clears the cache
     tape.recording_cost = rec;
-    auto g = tape.grads_.find(out_id);
-    if (g != tape.grads_.end() && y2.grad()) {
-      tape.grads_[y2.id] = g->second;  // the seed is the incoming gradient itself: no copy
-      tape.grads_.erase(g);
-    }
+    // The seed is the incoming gradient itself (no copy), which the outer engine holds until this node
+    // returns: the recomputed graph borrows it (0 bytes of its own).
+    if (tape.grads_.count(out_id) && y2.grad()) tape.grads_[y2.id] = tape.grads_[out_id];
     y2 = T();
+    // torch::autograd::grad returns the block's parameter gradients; the engine then stores each into
+    // .grad, cloning it (the returned list still holds it, so AccumulateGrad cannot steal it).
+    const bool outer_collect = tape.collect_;
+    const int64_t before = tape.collected_;
+    tape.collect_ = true;
     tape.run_nodes(mark);
+    tape.collect_ = outer_collect;
+    if (!outer_collect) {
+      for (const auto& [id, b] : params_in) {
+        if (tape.param_grads_.count(id)) tape.transient(b);
+        else { tape.alloc(b); tape.param_grads_[id] = b; }
+      }
+      tape.release(tape.collected_ - before);
+      tape.collected_ = before;
+    }
   };
   nodes_.push_back(std::move(n));
   return y;
@@ -125,11 +143,7 @@ T Tape::own_graph(const std::function<T(Tape&, const T&)>& fn, const T& x,
     // Runs after the caller has moved this node's inner graph back onto the tape (see run_nodes).
     bwd(tape, [&tape, inner_out, inner_in, outer_in, out_id] {
       const size_t mark = tape.inner_mark_;
-      auto g = tape.grads_.find(out_id);
-      if (g != tape.grads_.end()) {
-        tape.grads_[inner_out] = g->second;
-        tape.grads_.erase(g);
-      }
+      if (tape.grads_.count(out_id)) tape.grads_[inner_out] = tape.grads_[out_id];  // borrowed, as in checkpoint()
       const bool before = tape.collect_;
       tape.collect_ = true;
       tape.run_nodes(mark);
@@ -146,10 +160,8 @@ T Tape::own_graph(const std::function<T(Tape&, const T&)>& fn, const T& x,
 }
 
 void Tape::backward(const T& loss) {
-  alloc(loss.bytes());  // ones_like(loss): the seed
-  grads_[loss.id] += loss.bytes();
+  grads_[loss.id] = std::make_shared<Storage>(this, loss.bytes());  // ones_like(loss): the seed
   run_nodes(0);
-  for (auto& [id, b] : grads_) release(b);
   grads_.clear();
 }
 
@@ -169,29 +181,34 @@ void Tape::run_nodes(size_t from) {
     } else if (n.recompute) {
       n.recompute(*this, n.outputs[0]);
     } else {
-      // Gradients of the inputs: a new buffer, or a temporary added into the existing one.
+      // Gradients of the inputs: a new buffer, or a temporary added into the existing one; an
+      // addition hands its output's gradient on as it is.
+      std::shared_ptr<Storage> out_grad;
+      if (n.passthrough && grads_.count(n.outputs[0])) out_grad = grads_[n.outputs[0]];
       for (const auto& [id, b] : n.inputs) {
+        const bool alias = out_grad && out_grad->bytes == b;
         if (is_param_.count(id) && collect_) {
           alloc(b);
           collected_ += b;
         } else if (is_param_.count(id)) {
-          if (param_grads_.count(id)) transient(b);
+          if (param_grads_.count(id)) transient(alias ? 0 : b);
           else { alloc(b); param_grads_[id] = b; }
-        } else if (grads_.count(id)) {
-          transient(b);
+        } else if (auto g = grads_.find(id); g != grads_.end()) {
+          // InputBuffer::accumulate: in place into a buffer of its own, else out of place.
+          if (g->second.use_count() > 1) {
+            if (!alias) transient(b);
+            g->second = std::make_shared<Storage>(this, b);
+          } else if (!alias) {
+            transient(b);
+          }
         } else {
-          alloc(b);
-          grads_[id] = b;
+          grads_[id] = alias ? out_grad : std::make_shared<Storage>(this, b);
         }
       }
+      out_grad.reset();
+      if (n.work > 0) transient(n.work);
     }
-    for (int o : n.outputs) {
-      auto g = grads_.find(o);
-      if (g != grads_.end()) {
-        release(g->second);
-        grads_.erase(g);
-      }
-    }
+    for (int o : n.outputs) grads_.erase(o);
     // n (its saved storage) is released here
   }
 }

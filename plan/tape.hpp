@@ -60,6 +60,8 @@ struct Node {
   std::vector<std::shared_ptr<Storage>> saved;
   std::function<void(Tape&, int out_id)> recompute;  // checkpoint nodes: re-run forward + backward
   std::vector<Node> inner;                            // a block run as its own graph (zero3)
+  int64_t work = 0;                                   // scratch its backward allocates and frees
+  bool passthrough = false;  // an addition: its inputs' gradients are its output's gradient itself
 };
 
 struct Phase {
@@ -87,7 +89,8 @@ class Tape {
   // wanted); `extra_saved` bytes are made by the operator and saved with it (LayerNorm's mean and
   // rstd), freed at once when no gradient is wanted.
   T op(const std::vector<const T*>& in, int64_t out, int elem, const std::vector<const T*>& saved,
-       bool save_output = false, int64_t extra_saved = 0, OpCost cost = {});
+       bool save_output = false, int64_t extra_saved = 0, OpCost cost = {}, int64_t workspace = 0,
+       int64_t backward_workspace = 0);
   // A view over part of `base` (select, slice) that routes its gradient into a gradient of the whole
   // base; views of the same elements (reshape, transpose) are the tensor itself.
   T part(const T& base, int64_t numel);
@@ -108,6 +111,9 @@ class Tape {
   void adopt_param_grad(const T& p) { param_grads_[p.id] = 0; }
 
   bool grad_enabled = true;
+  // Autocast's cast cache: the low-precision copy of each parameter (a leaf that wants a gradient)
+  // made once per autocast region and held until the outermost region exits, used or not.
+  std::map<int, T> autocast_cache;
   // Wraps each block's forward (zero3 gathers around it), as ReferenceModel::set_block_wrapper does.
   using BlockFn = std::function<T(Tape&, const T&)>;
   std::function<T(size_t index, const BlockFn& body, const T& x)> block_wrapper;
@@ -120,6 +126,10 @@ class Tape {
 
   // ---- cost ------------------------------------------------------------------------------------
   // An operator's cost that is no allocation of its own (dropout's random draw).
+  // The node just recorded (if any) passes its output's gradient to its inputs (AddBackward).
+  void mark_passthrough() {
+    if (last_node_ && !nodes_.empty()) nodes_.back().passthrough = true;
+  }
   void cost(const OpCost& c) { (recording_cost ? forward_costs : recompute_costs).push_back(c); }
   std::vector<OpCost> forward_costs;
   std::vector<OpCost> recompute_costs;  // checkpointing's second forward (in backward)
@@ -131,10 +141,11 @@ class Tape {
   int next_id_ = 0;
   int64_t live_ = 0, peak_ = 0, phase_peak_ = 0;
   std::vector<Node> nodes_;
-  std::map<int, int64_t> grads_;        // non-leaf gradients in flight
+  std::map<int, std::shared_ptr<Storage>> grads_;  // non-leaf gradients in flight (aliases share storage)
   std::map<int, int64_t> param_grads_;  // leaf gradients (.grad)
   std::map<int, bool> is_param_;
   bool collect_ = false;
+  bool last_node_ = false;  // the last op() recorded a node
   int64_t collected_ = 0;
   size_t inner_mark_ = 0;
 };

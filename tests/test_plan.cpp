@@ -29,7 +29,11 @@ TEST(Plan, CheckPredictsEveryCellsMemoryOfAFreshRun) {
   sh("rm -rf " + out);
   const Result run = ts("run --suite " + source_dir() + "/tests/data/plan_check.toml --nproc 2 --out " + out);
   ASSERT_EQ(run.code, 0) << run.out;
-  const Result check = ts("plan --check " + out + " --format json");
+  // This CPU's GEMM scratch (oneDNN's, for bf16) comes from the hardware suite's GEMM cell.
+  const std::string hw = tmp("plan_check_hw");
+  sh("rm -rf " + hw);
+  ASSERT_EQ(ts("run --suite hardware --filter 'gemm|memory' --out " + hw).code, 0);
+  const Result check = ts("plan --check " + out + " --hardware " + hw + " --format json");
   ASSERT_EQ(check.code, 0) << check.out;
   const json j = json::parse(check.out);
   std::vector<double> peak;
@@ -46,6 +50,9 @@ TEST(Plan, CheckPredictsEveryCellsMemoryOfAFreshRun) {
   EXPECT_LE(median(peak), 0.03);
   EXPECT_LE(*std::max_element(peak.begin(), peak.end()), 0.10);
   EXPECT_DOUBLE_EQ(j["summary"]["peak"]["worst_abs"].get<double>(), *std::max_element(peak.begin(), peak.end()));
+  // The frontier's largest batch within 5% of the bisection's (the target).
+  ASSERT_EQ(j["frontier"].size(), 2u) << j["frontier"].dump();
+  for (const auto& f : j["frontier"]) EXPECT_LE(std::fabs(f["error"].get<double>()), 0.05) << f.dump();
 }
 
 // Llama 3 8B on one node of 8 H100s from the datasheet: the model-state arithmetic a practitioner

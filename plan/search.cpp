@@ -124,6 +124,11 @@ json make_plan(const PlanRequest& r) {
               std::string why = states > usable ? "model state " + gb(states) + " per rank > " + gb(usable) + " usable"
                                                 : "peak " + gb(peak) + " per rank (model state " + gb(states) + ", activations " +
                                                       gb(static_cast<double>(mp.activations)) + ") > " + gb(usable) + " usable";
+              // Autocast keeps a low-precision copy of every weight from its use to backward (saved by
+              // the GEMM, or held by its cast cache under checkpointing): unsharded, whatever the strategy.
+              if (s.replay.num.autocast && states <= usable)
+                why += "; the activations include autocast's copies of every weight, " +
+                       gb(2.0 * static_cast<double>(param_layout(s.replay).total())) + " unsharded";
               cand["reason"] = why;
               too_big = true;
               too_big_reason = "micro-batch " + std::to_string(b) + " already does not fit: " + why;

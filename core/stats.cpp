@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace trainscope {
@@ -92,6 +93,95 @@ double mann_whitney_greater_p(const std::vector<double>& a, const std::vector<do
   if (var <= 0) return 1.0;  // every value equal: no evidence either way
   const double z = (u - mean - 0.5) / std::sqrt(var);
   return 0.5 * std::erfc(z / std::sqrt(2.0));
+}
+
+namespace {
+
+// P(W+ >= w) under the null for the given integer rank weights (each in or out with probability 1/2).
+double signed_rank_upper_tail(const std::vector<int64_t>& weights, int64_t w) {
+  int64_t total = 0;
+  for (int64_t r : weights) total += r;
+  std::vector<double> ways(static_cast<size_t>(total + 1), 0.0);
+  ways[0] = 1;
+  for (int64_t r : weights)
+    for (int64_t s = total; s >= r; --s) ways[static_cast<size_t>(s)] += ways[static_cast<size_t>(s - r)];
+  double tail = 0, all = 0;
+  for (int64_t s = 0; s <= total; ++s) {
+    all += ways[static_cast<size_t>(s)];
+    if (s >= w) tail += ways[static_cast<size_t>(s)];
+  }
+  return tail / all;
+}
+
+std::vector<double> walsh_averages(const std::vector<double>& d) {
+  std::vector<double> w;
+  for (size_t i = 0; i < d.size(); ++i)
+    for (size_t j = i; j < d.size(); ++j) w.push_back(0.5 * (d[i] + d[j]));
+  std::sort(w.begin(), w.end());
+  return w;
+}
+
+}  // namespace
+
+double wilcoxon_signed_rank_greater_p(const std::vector<double>& d) {
+  std::vector<double> nz;
+  for (double v : d)
+    if (v != 0 && std::isfinite(v)) nz.push_back(v);
+  if (nz.empty()) return d.empty() ? std::nan("") : 1.0;
+  // Doubled average ranks of |d| (integers even with ties), and W+ (doubled) of the positive ones.
+  std::vector<size_t> order(nz.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return std::fabs(nz[a]) < std::fabs(nz[b]); });
+  std::vector<int64_t> rank2(nz.size());
+  for (size_t i = 0; i < order.size();) {
+    size_t j = i;
+    while (j + 1 < order.size() && std::fabs(nz[order[j + 1]]) == std::fabs(nz[order[i]])) ++j;
+    const int64_t doubled = static_cast<int64_t>(i + 1 + j + 1);  // twice the average of ranks i+1..j+1
+    for (size_t k = i; k <= j; ++k) rank2[order[k]] = doubled;
+    i = j + 1;
+  }
+  int64_t w = 0;
+  for (size_t i = 0; i < nz.size(); ++i)
+    if (nz[i] > 0) w += rank2[i];
+  return signed_rank_upper_tail(rank2, w);
+}
+
+double hodges_lehmann(const std::vector<double>& d) {
+  if (d.empty()) return std::nan("");
+  const std::vector<double> w = walsh_averages(d);
+  const size_t m = w.size();
+  return m % 2 ? w[m / 2] : 0.5 * (w[m / 2 - 1] + w[m / 2]);
+}
+
+double hodges_lehmann_upper(const std::vector<double>& d, double alpha) {
+  if (d.empty()) return std::nan("");
+  const std::vector<double> w = walsh_averages(d);
+  const int64_t n = static_cast<int64_t>(d.size()), m = static_cast<int64_t>(w.size());
+  // The null distribution of W+ (ranks 1..n): the largest c with P(W+ >= m - c + 1) <= alpha makes
+  // the c-th largest Walsh average the upper bound (Hollander & Wolfe's construction).
+  std::vector<int64_t> ranks(static_cast<size_t>(n));
+  std::iota(ranks.begin(), ranks.end(), 1);
+  int64_t c = 0;
+  for (int64_t k = 1; k <= m; ++k) {
+    if (signed_rank_upper_tail(ranks, m - k + 1) <= alpha) c = k;
+    else break;
+  }
+  if (c == 0) return std::numeric_limits<double>::infinity();  // too few pairs for this level
+  return w[static_cast<size_t>(m - c)];
+}
+
+std::vector<double> holm_adjust(const std::vector<double>& p) {
+  const size_t k = p.size();
+  std::vector<size_t> order(k);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return p[a] < p[b]; });
+  std::vector<double> out(k);
+  double running = 0;
+  for (size_t i = 0; i < k; ++i) {
+    running = std::max(running, std::min(1.0, static_cast<double>(k - i) * p[order[i]]));
+    out[order[i]] = running;
+  }
+  return out;
 }
 
 double final_loss_of(const std::vector<double>& step_losses, int64_t steps) {

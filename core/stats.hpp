@@ -22,6 +22,19 @@ json to_json(const Summary& s);  // {"p50","p90","p99","mean","stdev","min","max
 // the tie correction and a continuity correction. NaN when a side is empty.
 double mann_whitney_greater_p(const std::vector<double>& a, const std::vector<double>& b);
 
+// Paired differences d (e.g. per-block log ratios new/base), for the CI gate:
+// - the one-sided Wilcoxon signed-rank p-value of "d tends to be positive", exact (zeros dropped, tied
+//   |d| given their average rank, the null distribution counted over every sign assignment);
+// - the Hodges-Lehmann estimate (median of the Walsh averages (d_i + d_j) / 2, i <= j) and its exact
+//   one-sided upper confidence bound at level 1 - alpha (the Walsh average whose rank the signed-rank
+//   distribution gives).
+// NaN for an empty sample. n up to 60.
+double wilcoxon_signed_rank_greater_p(const std::vector<double>& d);
+double hodges_lehmann(const std::vector<double>& d);
+double hodges_lehmann_upper(const std::vector<double>& d, double alpha);
+// Holm's step-down adjustment of a family of p-values (same order as given).
+std::vector<double> holm_adjust(const std::vector<double>& p);
+
 // The final loss of a run that stopped after `steps` steps: the mean of the losses of its last (up
 // to) 10 steps. NaN when there is none or one of them is not finite.
 double final_loss_of(const std::vector<double>& step_losses, int64_t steps);

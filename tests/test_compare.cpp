@@ -280,3 +280,27 @@ TEST(Runs, TheHtmlReportDrawsEveryChartInARealBrowser) {
   shot.read(&magic[0], 8);
   EXPECT_EQ(magic.substr(1, 3), "PNG");
 }
+
+namespace trainscope::test {
+namespace {
+
+// The gate's statistics against values worked by hand.
+TEST(Gate, SignedRankHodgesLehmannAndHolm) {
+  // Six positive differences: W+ = 21, the largest of 2^6 sign assignments: p = 1/64.
+  EXPECT_DOUBLE_EQ(wilcoxon_signed_rank_greater_p({0.1, 0.2, 0.3, 0.4, 0.5, 0.6}), 1.0 / 64);
+  // One negative at rank 1: W+ = 20; W+ >= 20 in 2 assignments of 64.
+  EXPECT_DOUBLE_EQ(wilcoxon_signed_rank_greater_p({-0.1, 0.2, 0.3, 0.4, 0.5, 0.6}), 2.0 / 64);
+  EXPECT_DOUBLE_EQ(wilcoxon_signed_rank_greater_p({-0.1, -0.2, -0.3}), 1.0);
+  // Walsh averages of {1, 2, 4}: 1, 1.5, 2, 2.5, 3, 4: median 2.25.
+  EXPECT_DOUBLE_EQ(hodges_lehmann({1, 2, 4}), 2.25);
+  // n = 6, alpha = 1/64: only the largest Walsh average bounds it (P(W+ >= 21) = 1/64).
+  EXPECT_DOUBLE_EQ(hodges_lehmann_upper({1, 2, 3, 4, 5, 6}, 1.0 / 64), 6.0);
+  EXPECT_TRUE(std::isinf(hodges_lehmann_upper({1, 2, 3}, 0.05)));  // 1/8 > 0.05: no bound
+  const std::vector<double> holm = holm_adjust({0.01, 0.04, 0.03});
+  EXPECT_DOUBLE_EQ(holm[0], 0.03);  // 3 x 0.01
+  EXPECT_DOUBLE_EQ(holm[2], 0.06);  // 2 x 0.03
+  EXPECT_DOUBLE_EQ(holm[1], 0.06);  // max(1 x 0.04, 0.06)
+}
+
+}  // namespace
+}  // namespace trainscope::test

@@ -79,7 +79,7 @@ TEST(SuiteFile, ErrorsNameTheKeyAndTheAllowedValues) {
   EXPECT_NE(parse("[base]\nsteps=1\n").find("missing 'name'"), std::string::npos);
   // A TOML syntax error names the line and column.
   EXPECT_NE(parse("name = 'x'\n[base\n").find("bad.toml:2:"), std::string::npos);
-  EXPECT_NE(error_of([] { load_suite("no-such-suite"); }).find("built-in: checkpointing, hardware, llama, parallel, parity, pitfalls, precision, quick, ssl"), std::string::npos);
+  EXPECT_NE(error_of([] { load_suite("no-such-suite"); }).find("built-in: checkpointing, gate, hardware, llama, parallel, parity, pitfalls, precision, quick, ssl"), std::string::npos);
 }
 
 TEST(SuiteFile, ExtraCellsBesideTheMatrix) {

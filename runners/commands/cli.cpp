@@ -24,6 +24,7 @@
 #include "runners/process/cell.hpp"
 #include "runners/process/launch.hpp"
 #include "runners/commands/parity.hpp"
+#include "runners/commands/ab.hpp"
 #include "runners/commands/plan.hpp"
 #include "runners/commands/suite_run.hpp"
 #include "suites/models/data.hpp"
@@ -296,6 +297,23 @@ int cli_main(int argc, char** argv) {
   plan_cmd->add_option("--hardware", plan.hardware, "results folder of `trainscope run --suite hardware` on the device: its measured GEMM, memory and collective figures");
   plan_cmd->add_option("--format", plan.format, "text | md | json")->check(CLI::IsMember({"text", "md", "json"}));
 
+  AbArgs ab;
+  std::vector<std::string> ab_base_sets, ab_new_sets;
+  auto* ab_cmd = app.add_subcommand("ab", "Pre-merge gate: two builds' cells interleaved in ABBA blocks on this runner, paired statistics; exit 0 pass, 1 regression, 3 inconclusive");
+  ab_cmd->add_option("--base", ab.base, "the base build's trainscope binary")->required();
+  ab_cmd->add_option("--new", ab.fresh, "the new build's trainscope binary (the same one: an A/A run)")->required();
+  ab_cmd->add_option("--suite", ab.suite, "suite whose cells gate (built-in or a file both builds read)")->capture_default_str();
+  ab_cmd->add_option("--filter", ab.filter, "regular expression on cell names");
+  ab_cmd->add_option("--blocks", ab.blocks, "ABBA blocks to start with")->capture_default_str();
+  ab_cmd->add_option("--max-blocks", ab.max_blocks, "blocks at most, 2 more at a time while inconclusive")->capture_default_str();
+  ab_cmd->add_option("--min-effect", ab.min_effect, "the smallest slowdown that counts as a regression")->capture_default_str();
+  ab_cmd->add_option("--alpha", ab.alpha, "significance level over all cells (Holm)")->capture_default_str();
+  ab_cmd->add_option("--base-set", ab_base_sets, "a setting for the base side only: --base-set key=value");
+  ab_cmd->add_option("--new-set", ab_new_sets, "a setting for the new side only (--new-set inject=slow:10 measures the gate's power)");
+  ab_cmd->add_option("--nproc", ab.nproc, "local ranks for multi-rank cells")->capture_default_str();
+  ab_cmd->add_option("--out", ab.out, "folder for every slot's report and ab.json (default results/ab-<UTC>)");
+  ab_cmd->add_option("--format", ab.format, "text | md | json")->check(CLI::IsMember({"text", "md", "json"}));
+
   std::string export_report;
   bool export_bmf = false;
   auto* export_cmd = app.add_subcommand("export", "Write a report's figures for dashboards");
@@ -322,7 +340,7 @@ int cli_main(int argc, char** argv) {
     bool known = false;
     for (const auto* sub : app.get_subcommands({})) known = known || sub->check_name(word);
     if (!known) {
-      std::fprintf(stderr, "trainscope: error: unknown command '%s' (allowed: run, list, env, report, compare, parity, peak, plan, export, trace)\n", word.c_str());
+      std::fprintf(stderr, "trainscope: error: unknown command '%s' (allowed: run, list, env, report, compare, ab, parity, peak, plan, export, trace)\n", word.c_str());
       return 2;
     }
   }
@@ -360,6 +378,11 @@ int cli_main(int argc, char** argv) {
       return parity_command(parity);
     }
     if (trace_cmd->parsed()) return trace_command(trace_dir);
+    if (ab_cmd->parsed()) {
+      for (const auto& kv : ab_base_sets) ab.base_sets.push_back(split_set(kv));
+      for (const auto& kv : ab_new_sets) ab.new_sets.push_back(split_set(kv));
+      return ab_command(ab);
+    }
     if (plan_cmd->parsed()) {
       for (const auto& kv : plan_sets) plan.sets.push_back(split_set(kv));
       return plan_command(plan);

@@ -1,0 +1,253 @@
+#include "runners/commands/ab.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+
+#include "core/errors.hpp"
+#include "core/stats.hpp"
+#include "core/units.hpp"
+#include "reports/report.hpp"
+#include "suites/suite_file.hpp"
+
+namespace trainscope::runners {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Runs a command, returning its exit status and what it printed (stdout and stderr together).
+std::pair<int, std::string> capture(const std::string& cmd) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, ""};
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// A binary `ab` can drive: it exists, runs, and says it is trainscope.
+std::string check_binary(const std::string& path, const char* side) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || access(path.c_str(), X_OK) != 0)
+    throw UsageError(std::string("ab: --") + side + " " + path + ": no executable file there");
+  const auto [rc, out] = capture(quote(path) + " --version");
+  // `trainscope --version` prints "<major>.<minor>.<patch> (<commit>)".
+  if (rc != 0 || out.empty() || !std::isdigit(static_cast<unsigned char>(out[0])) || out.find('.') == std::string::npos)
+    throw UsageError(std::string("ab: --") + side + " " + path + " is not a trainscope binary (--version said: " +
+                     out.substr(0, out.find('\n')) + ")");
+  return out.substr(0, out.find('\n'));
+}
+
+double parse_percent(const std::string& text) {
+  try {
+    size_t used = 0;
+    double v = std::stod(text, &used);
+    if (used < text.size() && text.substr(used) == "%") v /= 100;
+    else if (used != text.size()) throw std::invalid_argument(text);
+    if (v <= 0 || v >= 1) throw std::out_of_range(text);
+    return v;
+  } catch (const std::exception&) {
+    throw UsageError("ab: --min-effect '" + text + "' is not a percentage in (0, 100%) (e.g. 5%)");
+  }
+}
+
+struct Slot {
+  char side;  // 'A' base, 'B' new
+  json report;
+};
+
+struct CellResult {
+  std::vector<double> ratios;  // per block: ln(best new / best base)
+  std::vector<double> base_cpu_share, new_cpu_share;
+  std::string base_status = "ok", new_status = "ok", reason;
+  double base_peak = -1, new_peak = -1;
+};
+
+json cell_of(const json& report, const std::string& name) {
+  for (const auto& c : report["cells"])
+    if (c["name"] == name) return c;
+  return nullptr;
+}
+
+}  // namespace
+
+int ab_command(const AbArgs& a) {
+  const std::string base_version = check_binary(a.base, "base");
+  const std::string new_version = check_binary(a.fresh, "new");
+  const double min_effect = parse_percent(a.min_effect);
+  if (a.alpha <= 0 || a.alpha >= 0.5) throw UsageError("ab: --alpha must be in (0, 0.5)");
+  if (a.blocks < 2 || a.max_blocks < a.blocks) throw UsageError("ab: need 2 <= --blocks <= --max-blocks");
+  std::vector<std::string> names;
+  for (const auto& c : suites::expand(suites::load_suite(a.suite), a.filter)) names.push_back(c.name);
+  if (names.empty()) throw UsageError("ab: no cell of suite '" + a.suite + "' matches --filter '" + a.filter + "'");
+  const std::string out = a.out.empty() ? "results/ab-" + utc_now(true) : a.out;
+  fs::create_directories(out);
+  std::string filter = "^(";
+  for (size_t i = 0; i < names.size(); ++i) {
+    std::string escaped;
+    for (char c : names[i]) escaped += std::string(std::strchr(".^$|()[]{}*+?\\", c) ? "\\" : "") + c;
+    filter += (i ? "|" : "") + escaped;
+  }
+  filter += ")$";
+
+  std::map<std::string, CellResult> cells;
+  int slot_index = 0;
+  const auto started = std::chrono::steady_clock::now();
+  auto run_slot = [&](char side) {
+    const std::string& bin = side == 'A' ? a.base : a.fresh;
+    const auto& sets = side == 'A' ? a.base_sets : a.new_sets;
+    const std::string dir = out + "/slots/" + std::to_string(slot_index++) + "-" + (side == 'A' ? "base" : "new");
+    std::string cmd = quote(bin) + " run --suite " + quote(a.suite) + " --filter " + quote(filter) + " --nproc " +
+                      std::to_string(a.nproc) + " --out " + quote(dir);
+    for (const auto& [k, v] : sets) cmd += " --set " + quote(k + "=" + v);
+    const auto [rc, text] = capture(cmd);
+    if (!fs::exists(dir + "/report.json"))
+      throw std::runtime_error(std::string("ab: the ") + (side == 'A' ? "base" : "new") + " build wrote no report (exit " +
+                               std::to_string(rc) + "): " + text.substr(0, text.find('\n')));
+    return Slot{side, reports::read_report(dir)};
+  };
+  // One ABBA block (BAAB when odd): per cell, the better process of each side.
+  auto run_block = [&](int j) {
+    const std::string order = j % 2 == 0 ? "ABBA" : "BAAB";
+    std::map<std::string, double> best_a, best_b;
+    for (char side : order) {
+      const Slot s = run_slot(side);
+      for (const auto& name : names) {
+        const json c = cell_of(s.report, name);
+        CellResult& r = cells[name];
+        if (c.is_null()) throw UsageError(std::string("ab: the ") + (side == 'A' ? "base" : "new") + " build's suite '" + a.suite +
+                                          "' has no cell '" + name + "'");
+        const std::string status = c.value("status", "?");
+        if (status != "ok") {
+          (side == 'A' ? r.base_status : r.new_status) = status;
+          r.reason = c.value("reason", "");
+          continue;
+        }
+        const double p50 = c["metrics"]["timing"]["step_time_s"].value("p50", 0.0);
+        auto& best = side == 'A' ? best_a : best_b;
+        if (!best.count(name) || p50 < best[name]) best[name] = p50;
+        const double peak = c["metrics"]["memory"].value("step_peak_bytes", json()).is_number()
+                                ? c["metrics"]["memory"]["step_peak_bytes"].get<double>()
+                                : c["metrics"]["memory"].value("peak_bytes", 0.0);
+        double& kept = side == 'A' ? r.base_peak : r.new_peak;
+        kept = kept < 0 ? peak : std::min(kept, peak);
+      }
+    }
+    for (const auto& name : names)
+      if (best_a.count(name) && best_b.count(name) && best_a[name] > 0 && best_b[name] > 0)
+        cells[name].ratios.push_back(std::log(best_b[name] / best_a[name]));
+  };
+
+  int done = 0;
+  json verdicts;
+  std::string run_verdict;
+  while (true) {
+    while (done < a.blocks) run_block(done++);
+    // Per cell: effect, one-sided test, upper bound; Holm over the cells.
+    std::vector<double> p;
+    for (const auto& name : names) p.push_back(cells[name].ratios.empty() ? 1.0 : wilcoxon_signed_rank_greater_p(cells[name].ratios));
+    const std::vector<double> adjusted = holm_adjust(p);
+    verdicts = json::array();
+    bool any_regression = false, all_pass = true;
+    for (size_t i = 0; i < names.size(); ++i) {
+      const CellResult& r = cells[names[i]];
+      json v = {{"cell", names[i]}, {"blocks", r.ratios.size()}, {"log_ratios", r.ratios}};
+      std::string verdict;
+      if (r.new_status != "ok" && r.base_status == "ok") {
+        verdict = "regression";
+        v["why"] = "status " + r.new_status + " on the new build (ok on the base): " + r.reason;
+      } else if (r.base_status != "ok") {
+        verdict = "inconclusive";
+        v["why"] = "the base build's cell is " + r.base_status + ": " + r.reason;
+      } else {
+        const double effect = std::exp(hodges_lehmann(r.ratios)) - 1;
+        const double upper = std::exp(hodges_lehmann_upper(r.ratios, a.alpha / static_cast<double>(names.size()))) - 1;
+        v["effect"] = effect;
+        v["upper_bound"] = upper;
+        v["p"] = p[i];
+        v["p_holm"] = adjusted[i];
+        if (effect > min_effect && adjusted[i] <= a.alpha) {
+          verdict = "regression";
+          v["why"] = "step time +" + format_fixed(100 * effect, 1) + "% (Hodges-Lehmann over " + std::to_string(r.ratios.size()) +
+                     " blocks), p = " + format_fixed(adjusted[i], 4) + " (Holm) <= " + format_fixed(a.alpha, 3);
+        } else if (upper < 2 * min_effect) {
+          verdict = "pass";
+          v["why"] = "a slowdown of " + format_fixed(200 * min_effect, 0) + "% or more is ruled out (upper bound " +
+                     format_signed_pct(100 * upper, 1) + ")";
+        } else {
+          verdict = "inconclusive";
+          v["why"] = "effect " + format_signed_pct(100 * effect, 1) + ", upper bound " + format_signed_pct(100 * upper, 1) +
+                     ", p = " + format_fixed(adjusted[i], 4) + ": neither a significant slowdown above " +
+                     format_fixed(100 * min_effect, 0) + "% nor one below " + format_fixed(200 * min_effect, 0) + "% ruled out";
+        }
+        // Memory on a CPU is exact: a peak that grew beyond 1% is a regression too.
+        if (r.base_peak > 0 && r.new_peak > r.base_peak * 1.01) {
+          v["memory"] = {{"base_peak_bytes", r.base_peak}, {"new_peak_bytes", r.new_peak}};
+          verdict = "regression";
+          v["why"] = v["why"].get<std::string>() + "; peak memory +" + format_fixed(100 * (r.new_peak / r.base_peak - 1), 1) + "%";
+        }
+      }
+      v["verdict"] = verdict;
+      any_regression = any_regression || verdict == "regression";
+      all_pass = all_pass && verdict == "pass";
+      verdicts.push_back(v);
+    }
+    run_verdict = any_regression ? "regression" : all_pass ? "pass" : "inconclusive";
+    if (run_verdict != "inconclusive" || done >= a.max_blocks) break;
+    const int more = std::min(2, a.max_blocks - done);
+    std::fprintf(stderr, "ab: inconclusive after %d blocks: %d more\n", done, more);
+    for (int k = 0; k < more; ++k) run_block(done++);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  json result = {{"schema", "trainscope.ab/1"},
+                 {"base", {{"binary", a.base}, {"version", base_version}, {"sets", json(a.base_sets)}}},
+                 {"new", {{"binary", a.fresh}, {"version", new_version}, {"sets", json(a.new_sets)}}},
+                 {"suite", a.suite},
+                 {"design", "ABBA blocks (BAAB when odd), a fresh process per slot; per block and cell ln(best new / best base)"},
+                 {"min_effect", min_effect},
+                 {"alpha", a.alpha},
+                 {"blocks", done},
+                 {"seconds", seconds},
+                 {"verdict", run_verdict},
+                 {"cells", verdicts}};
+  {
+    std::ofstream f(out + "/ab.json");
+    f << result.dump(2) << "\n";
+  }
+  std::string text;
+  text += "ab: " + std::to_string(done) + " ABBA blocks of " + std::to_string(names.size()) + " cell(s) in " + format_seconds(seconds) +
+          "; verdict: " + run_verdict + "\n";
+  for (const auto& v : verdicts) text += "  " + v["cell"].get<std::string>() + ": " + v["verdict"].get<std::string>() + ": " + v.value("why", std::string()) + "\n";
+  if (a.format == "json") std::cout << result.dump(2) << "\n";
+  else if (a.format == "md") {
+    std::cout << "### trainscope ab: **" << run_verdict << "**\n\n| cell | verdict | effect | upper bound | p (Holm) | blocks |\n| --- | --- | --- | --- | --- | --- |\n";
+    for (const auto& v : verdicts)
+      std::cout << "| " << v["cell"].get<std::string>() << " | " << v["verdict"].get<std::string>() << " | "
+                << (v.contains("effect") ? format_signed_pct(100 * v["effect"].get<double>(), 1) : "-") << " | "
+                << (v.contains("upper_bound") ? format_signed_pct(100 * v["upper_bound"].get<double>(), 1) : "-") << " | "
+                << (v.contains("p_holm") ? format_fixed(v["p_holm"].get<double>(), 4) : "-") << " | " << v["blocks"] << " |\n";
+  } else {
+    std::cout << text;
+  }
+  return run_verdict == "regression" ? 1 : run_verdict == "pass" ? 0 : 3;
+}
+
+}  // namespace trainscope::runners

@@ -1,0 +1,39 @@
+// trainscope ab, the pre-merge gate, end to end: it runs alone (RUN_SERIAL), since a gate that
+// shares its two cores with other tests measures them, not the builds.
+#include <gtest/gtest.h>
+
+#include "cli_support.hpp"
+
+namespace trainscope::test {
+namespace {
+
+// `trainscope ab` with the same binary on both sides: an injected 50% slowdown on the new side is a
+// regression (exit 1); without it, no regression (pass or inconclusive). With 8 blocks and alpha 0.01
+// a false alarm needs p <= 0.01, i.e. W+ >= 35 of 36 (every block slower, or all but the smallest):
+// under the null P = 2/256 < 1%, and the effect must exceed 5% besides.
+TEST(Gate, AbCatchesAnInjectedSlowdownAndPassesAnAaRun) {
+  const std::string suite = write("gate_tiny.toml",
+                                  "name = \"gate-tiny\"\ndescription = \"one short cell\"\n"
+                                  "[base]\nseed = 0\neval = false\noverflow_every = 0\nwarmup_steps = 2\nsteps = 12\n"
+                                  "batch_size = 8\n[axes]\nmodel = [\"gpt-tiny\"]\n");
+  const std::string args = "ab --base " + bin() + " --new " + bin() + " --suite " + suite + " --blocks 8 --max-blocks 8 --alpha 0.01";
+  const Result slow = ts(args + " --new-set inject=slow:50 --format json --out " + tmp("ab_slow"));
+  EXPECT_EQ(slow.code, 1) << slow.out;
+  const json s = read_json(tmp("ab_slow") + "/ab.json");
+  EXPECT_EQ(s["verdict"], "regression");
+  EXPECT_GT(s["cells"][0]["effect"].get<double>(), 0.05);
+  EXPECT_EQ(s["blocks"], 8);
+  const Result same = ts(args + " --out " + tmp("ab_same"));
+  EXPECT_NE(same.code, 1) << same.out;
+  EXPECT_TRUE(same.code == 0 || same.code == 3) << same.out;
+  // Bad input: one line, exit 2.
+  for (const std::string bad : {"ab --base /nonexistent --new " + bin(), "ab --base /bin/true --new " + bin(),
+                                "ab --base " + bin() + " --new " + bin() + " --min-effect 120%"}) {
+    const Result r = ts(bad);
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
+    EXPECT_EQ(lines(r.out), 1) << bad << ": " << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace trainscope::test

@@ -87,4 +87,22 @@ std::string utc_now(bool compact) {
   return buf;
 }
 
+std::string format_gb(double bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f GB", bytes / 1e9);
+  return b;
+}
+
+std::optional<double> parse_fraction(const std::string& text) {
+  try {
+    size_t used = 0;
+    double v = std::stod(text, &used);
+    if (used < text.size() && text.substr(used) == "%") v /= 100;
+    else if (used != text.size()) return std::nullopt;
+    return v;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 }  // namespace trainscope

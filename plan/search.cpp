@@ -14,12 +14,6 @@ namespace trainscope::plan {
 
 namespace {
 
-std::string gb(double bytes) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.1f GB", bytes / 1e9);
-  return b;
-}
-
 // The dtype MFU is reported against: the GEMMs' own, except fp8, reported against the bf16 peak (as
 // torchtitan and Megatron-Bridge do not count fp8 as a higher peak).
 std::string mfu_dtype(const std::string& gemm) { return gemm == "fp8" ? "bf16" : gemm == "tf32" ? "tf32" : gemm; }
@@ -121,14 +115,14 @@ json make_plan(const PlanRequest& r) {
             cand["memory"] = mem;
             cand["fits"] = peak <= usable;
             if (peak > usable) {
-              std::string why = states > usable ? "model state " + gb(states) + " per rank > " + gb(usable) + " usable"
-                                                : "peak " + gb(peak) + " per rank (model state " + gb(states) + ", activations " +
-                                                      gb(static_cast<double>(mp.activations)) + ") > " + gb(usable) + " usable";
+              std::string why = states > usable ? "model state " + format_gb(states) + " per rank > " + format_gb(usable) + " usable"
+                                                : "peak " + format_gb(peak) + " per rank (model state " + format_gb(states) + ", activations " +
+                                                      format_gb(static_cast<double>(mp.activations)) + ") > " + format_gb(usable) + " usable";
               // Autocast keeps a low-precision copy of every weight from its use to backward (saved by
               // the GEMM, or held by its cast cache under checkpointing): unsharded, whatever the strategy.
               if (s.replay.num.autocast && states <= usable)
                 why += "; the activations include autocast's copies of every weight, " +
-                       gb(2.0 * static_cast<double>(param_layout(s.replay).total())) + " unsharded";
+                       format_gb(2.0 * static_cast<double>(param_layout(s.replay).total())) + " unsharded";
               cand["reason"] = why;
               too_big = true;
               too_big_reason = "micro-batch " + std::to_string(b) + " already does not fit: " + why;
@@ -199,7 +193,7 @@ json make_plan(const PlanRequest& r) {
                   best["attention"].get<std::string>().c_str(), static_cast<long long>(best["micro_batch"].get<int64_t>()),
                   static_cast<long long>(best["accumulation"].get<int64_t>()),
                   format_rate(best["tokens_per_s_per_gpu"].get<double>()).c_str(),
-                  gb(best["memory"]["peak_bytes"].get<double>()).c_str(), gb(static_cast<double>(d.memory_bytes)).c_str());
+                  format_gb(best["memory"]["peak_bytes"].get<double>()).c_str(), format_gb(static_cast<double>(d.memory_bytes)).c_str());
     std::string text = line;
     if (best.contains("mfu")) {
       std::snprintf(line, sizeof line, ", MFU %.0f%% (full attention; %.0f%% causal)", 100 * best["mfu"].get<double>(),
@@ -207,7 +201,7 @@ json make_plan(const PlanRequest& r) {
       text += line;
     }
     json why = json::array();
-    why.push_back("fastest of the " + std::to_string(fit) + " configurations that fit in " + gb(usable) + " usable per GPU (" +
+    why.push_back("fastest of the " + std::to_string(fit) + " configurations that fit in " + format_gb(usable) + " usable per GPU (" +
                   std::to_string(static_cast<int>(std::lround(100 * r.headroom))) + "% headroom)" +
                   (r.fixed.count("precision") ? "" : " among bf16-mixed and 32-true"));
     if (&best != &candidates[0]) {

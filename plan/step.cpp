@@ -76,7 +76,7 @@ MemoryPrediction predict_memory(const StepSetup& s) {
   Tape t;
   MemoryPrediction out;
 
-  const T resident = t.data(s.resident_data_bytes, 1);
+  const T resident = t.data(s.resident_data_bytes, 1);  // held for the whole replay, as the data source is
   out.data = s.resident_data_bytes;
   std::vector<T> bufs;
   for (int64_t b : layout.buffers) bufs.push_back(t.data(b, 1));
@@ -262,7 +262,6 @@ MemoryPrediction predict_memory(const StepSetup& s) {
     out.state.params = opt_numel * pe;
     out.state.grads = opt_numel * pe;
   }
-  (void)resident;
   return out;
 }
 

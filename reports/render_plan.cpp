@@ -11,11 +11,8 @@ namespace trainscope::reports {
 
 namespace {
 
-std::string gb(double bytes) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.1f", bytes / 1e9);
-  return b;
-}
+// GB (1e9 bytes, as device memory is sold) without the unit, for table cells.
+std::string gb(double bytes) { return format_fixed(bytes / 1e9, 1); }
 std::string pct(const json& v) {
   if (!v.is_number()) return "-";
   char b[16];

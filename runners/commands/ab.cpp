@@ -57,16 +57,9 @@ std::string check_binary(const std::string& path, const char* side) {
 }
 
 double parse_percent(const std::string& text) {
-  try {
-    size_t used = 0;
-    double v = std::stod(text, &used);
-    if (used < text.size() && text.substr(used) == "%") v /= 100;
-    else if (used != text.size()) throw std::invalid_argument(text);
-    if (v <= 0 || v >= 1) throw std::out_of_range(text);
-    return v;
-  } catch (const std::exception&) {
-    throw UsageError("ab: --min-effect '" + text + "' is not a percentage in (0, 100%) (e.g. 5%)");
-  }
+  const auto v = parse_fraction(text);
+  if (!v || *v <= 0 || *v >= 1) throw UsageError("ab: --min-effect '" + text + "' is not a percentage in (0, 100%) (e.g. 5%)");
+  return *v;
 }
 
 struct Slot {

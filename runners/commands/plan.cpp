@@ -8,6 +8,7 @@
 
 #include "core/errors.hpp"
 #include "core/model_shape.hpp"
+#include "core/units.hpp"
 #include "plan/check.hpp"
 #include "plan/device.hpp"
 #include "plan/search.hpp"
@@ -23,16 +24,9 @@ namespace fs = std::filesystem;
 
 // "10%" or "0.1" -> 0.1, in [0, 0.9].
 double parse_headroom(const std::string& text) {
-  try {
-    size_t used = 0;
-    double v = std::stod(text, &used);
-    if (used < text.size() && text.substr(used) == "%") v /= 100;
-    else if (used != text.size()) throw std::invalid_argument(text);
-    if (v < 0 || v > 0.9) throw std::out_of_range(text);
-    return v;
-  } catch (const std::exception&) {
-    throw UsageError("plan: --memory-headroom '" + text + "' is not a fraction in [0, 90%] (e.g. 10%)");
-  }
+  const auto v = parse_fraction(text);
+  if (!v || *v < 0 || *v > 0.9) throw UsageError("plan: --memory-headroom '" + text + "' is not a fraction in [0, 90%] (e.g. 10%)");
+  return *v;
 }
 
 // Tokens: 4194304, 4M (x 2^20), 512K (x 2^10).

@@ -28,11 +28,14 @@ TEST(Gate, AbCatchesAnInjectedSlowdownAndPassesAnAaRun) {
   EXPECT_TRUE(same.code == 0 || same.code == 3) << same.out;
   // Bad input: one line, exit 2.
   for (const std::string bad : {"ab --base /nonexistent --new " + bin(), "ab --base /bin/true --new " + bin(),
-                                "ab --base " + bin() + " --new " + bin() + " --min-effect 120%"}) {
+                                "ab --base " + bin() + " --new " + bin() + " --min-effect 120%",
+                                // a setting one side refuses: bad input, and ab.json says where it stopped
+                                args + " --new-set precision=fp4 --out " + tmp("ab_bad")}) {
     const Result r = ts(bad);
     EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
     EXPECT_EQ(lines(r.out), 1) << bad << ": " << r.out;
   }
+  EXPECT_EQ(read_json(tmp("ab_bad") + "/ab.json")["verdict"], "error");
 }
 
 }  // namespace

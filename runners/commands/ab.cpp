@@ -112,6 +112,9 @@ int ab_command(const AbArgs& a) {
                       std::to_string(a.nproc) + " --out " + quote(dir);
     for (const auto& [k, v] : sets) cmd += " --set " + quote(k + "=" + v);
     const auto [rc, text] = capture(cmd);
+    if (!fs::exists(dir + "/report.json") && rc == 2)  // the build refused its arguments or the suite: bad input
+      throw UsageError(std::string("ab: the ") + (side == 'A' ? "base" : "new") + " build refused the run: " +
+                       text.substr(0, text.find('\n')));
     if (!fs::exists(dir + "/report.json"))
       throw std::runtime_error(std::string("ab: the ") + (side == 'A' ? "base" : "new") + " build wrote no report (exit " +
                                std::to_string(rc) + "): " + text.substr(0, text.find('\n')));
@@ -152,6 +155,14 @@ int ab_command(const AbArgs& a) {
   int done = 0;
   json verdicts;
   std::string run_verdict;
+  // A build that cannot run its cells ends the gate with an error; what ran is kept (every slot's
+  // report under slots/, and ab.json saying where it stopped).
+  auto record_error = [&](const std::string& what) {
+    std::ofstream f(out + "/ab.json");
+    f << json{{"schema", "trainscope.ab/1"}, {"suite", a.suite}, {"blocks_started", done}, {"verdict", "error"}, {"error", what}}.dump(2)
+      << "\n";
+  };
+  try {
   while (true) {
     while (done < a.blocks) run_block(done++);
     // Per cell: effect, one-sided test, upper bound; Holm over the cells.
@@ -208,6 +219,10 @@ int ab_command(const AbArgs& a) {
     const int more = std::min(2, a.max_blocks - done);
     std::fprintf(stderr, "ab: inconclusive after %d blocks: %d more\n", done, more);
     for (int k = 0; k < more; ++k) run_block(done++);
+  }
+  } catch (const std::exception& e) {
+    record_error(e.what());
+    throw;
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   json result = {{"schema", "trainscope.ab/1"},

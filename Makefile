@@ -1,4 +1,4 @@
-# The two commands of the README. Everything else is plain CMake (see README "Building by hand").
+# The two commands of the README. Everything else is plain CMake (see docs/development.md).
 BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=

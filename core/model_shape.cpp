@@ -254,7 +254,7 @@ double decoder_flops_per_token(const ModelShape& s, FlopConvention c) {
 std::string resolve_attention(const std::string& requested, const std::string& device, int64_t seq_len) {
   if (requested != "auto") return requested;
   // CUDA: SDPA reaches the flash / memory-efficient / cuDNN kernels, which never materialise the S x S
-  // scores. CPU (the llama suite on 2 cores, three runs, README "Models and data"): step times are within
+  // scores. CPU (the llama suite on 2 cores, three runs, docs/models.md): step times are within
   // the noise at seq 64 and 256; SDPA keeps 13% fewer activation bytes at seq 64 and 29% fewer at 256.
   // SDPA from 256, where the saving is large; eager below keeps the GPT presets' CPU numbers comparable
   // with earlier runs.

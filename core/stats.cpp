@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <random>
 
 namespace trainscope {
 
@@ -191,6 +192,59 @@ double final_loss_of(const std::vector<double>& step_losses, int64_t steps) {
   double sum = 0;
   for (int64_t i = from; i < steps; ++i) sum += step_losses[static_cast<size_t>(i)];
   return sum / static_cast<double>(steps - from);
+}
+
+namespace {
+
+// The largest E-divisive statistic over the splits of x[0..n) with both sides at least min_size:
+// Q(t) = m k / (m + k) (2/(m k) sum|a - b| - sum_within_a / C(m,2) - sum_within_b / C(k,2)), from a
+// prefix table of |x_i - x_j| so that every split costs O(1) and a series O(n^2).
+std::pair<size_t, double> best_split(const std::vector<double>& x, size_t min_size) {
+  const size_t n = x.size();
+  std::vector<double> P((n + 1) * (n + 1), 0.0);
+  auto at = [&](size_t i, size_t j) -> double& { return P[i * (n + 1) + j]; };
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j < n; ++j) at(i + 1, j + 1) = at(i, j + 1) + at(i + 1, j) - at(i, j) + std::fabs(x[i] - x[j]);
+  auto block = [&](size_t i0, size_t i1, size_t j0, size_t j1) { return at(i1, j1) - at(i0, j1) - at(i1, j0) + at(i0, j0); };
+  size_t best = 0;
+  double best_q = -INFINITY;
+  for (size_t t = min_size; t + min_size <= n; ++t) {
+    const double m = static_cast<double>(t), k = static_cast<double>(n - t);
+    const double between = block(0, t, t, n), within_a = block(0, t, 0, t) / 2, within_b = block(t, n, t, n) / 2;
+    const double e = 2 * between / (m * k) - within_a / (m * (m - 1) / 2) - within_b / (k * (k - 1) / 2);
+    const double q = m * k / (m + k) * e;
+    if (q > best_q) best_q = q, best = t;
+  }
+  return {best, best_q};
+}
+
+void segment(const std::vector<double>& x, size_t begin, size_t end, double alpha, int permutations, size_t min_size,
+             std::mt19937_64& rng, std::vector<ChangePoint>& found) {
+  if (end - begin < 2 * min_size) return;
+  std::vector<double> part(x.begin() + static_cast<std::ptrdiff_t>(begin), x.begin() + static_cast<std::ptrdiff_t>(end));
+  const auto [t, q] = best_split(part, min_size);
+  int as_large = 0;
+  for (int r = 0; r < permutations; ++r) {
+    for (size_t i = part.size() - 1; i > 0; --i) std::swap(part[i], part[rng() % (i + 1)]);  // Fisher-Yates
+    as_large += best_split(part, min_size).second >= q;
+  }
+  const double p = (1.0 + as_large) / (1.0 + permutations);
+  if (p > alpha) return;
+  found.push_back({begin + t, p});
+  segment(x, begin, begin + t, alpha, permutations, min_size, rng, found);
+  segment(x, begin + t, end, alpha, permutations, min_size, rng, found);
+}
+
+}  // namespace
+
+std::vector<ChangePoint> e_divisive_change_points(const std::vector<double>& x, double alpha, int permutations, size_t min_size) {
+  std::vector<ChangePoint> found;
+  for (double v : x)
+    if (!std::isfinite(v)) return found;
+  std::mt19937_64 rng(0x7ea1);
+  segment(x, 0, x.size(), alpha, permutations, std::max<size_t>(min_size, 2), rng, found);
+  std::sort(found.begin(), found.end(), [](const ChangePoint& a, const ChangePoint& b) { return a.index < b.index; });
+  return found;
 }
 
 }  // namespace trainscope

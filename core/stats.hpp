@@ -35,6 +35,19 @@ double hodges_lehmann_upper(const std::vector<double>& d, double alpha);
 // Holm's step-down adjustment of a family of p-values (same order as given).
 std::vector<double> holm_adjust(const std::vector<double>& p);
 
+// Change points of a series (a metric over many runs of main, in order) by E-divisive means
+// (Matteson & James 2014, the method of Hunter / Apache Otava): the split that maximises the energy
+// distance between the two sides, kept when a permutation test (`permutations` shuffles of the
+// segment, a fixed seed: the same series gives the same answer) gives p <= alpha, then the same
+// within each side (binary segmentation). Segments are at least `min_size` long. Returned sorted: the
+// index of the first value after each change.
+struct ChangePoint {
+  size_t index = 0;
+  double p = 1;
+};
+std::vector<ChangePoint> e_divisive_change_points(const std::vector<double>& x, double alpha = 0.01,
+                                                  int permutations = 199, size_t min_size = 4);
+
 // The final loss of a run that stopped after `steps` steps: the mean of the losses of its last (up
 // to) 10 steps. NaN when there is none or one of them is not finite.
 double final_loss_of(const std::vector<double>& step_losses, int64_t steps);

@@ -51,10 +51,9 @@ Side time_side(const json& cell, const std::string& metric) {
     s.values = numbers(reps.value(metric == "step_time" ? "step_time_p50_s" : "samples_per_s", json::array()));
     s.basis = "repetitions";
     s.center = median_of(s.values);
-    // The spread between the runs (max - min over the median): run-to-run drift on a shared machine
-    // moves whole runs, and a gate must not call that a regression.
-    const auto [lo, hi] = std::minmax_element(s.values.begin(), s.values.end());
-    s.noise = s.values.empty() ? std::nan("") : (*hi - *lo) / s.center;
+    // The spread between the runs, robustly (the median absolute deviation over the median): one slow
+    // repetition (another tenant for a moment) must not blind the comparison as a range would.
+    s.noise = relative_mad(s.values, s.center);
     return s;
   }
   const std::vector<double> steps = numbers(value_at(cell, {"metrics", "timing", "samples_s", "step"}));
@@ -104,11 +103,12 @@ json compare_time(const json& b, const json& n, const std::string& metric, const
   if (sb.values.size() >= 2 && sn.values.size() >= 2)
     p = change > 0 ? mann_whitney_greater_p(sb.values, sn.values) : mann_whitney_greater_p(sn.values, sb.values);
   const double noise = std::max(std::isfinite(sb.noise) ? sb.noise : 0.0, std::isfinite(sn.noise) ? sn.noise : 0.0);
+  // A change of at least the minimum effect that is not significant, or not above the noise, cannot be
+  // decided from these reports: "inconclusive", never "same" (more repetitions, or `trainscope ab`).
   std::string verdict;
-  if (!std::isfinite(change)) verdict = "noisy";
+  if (!std::isfinite(change)) verdict = "inconclusive";
   else if (std::fabs(change) < min_effect) verdict = "same";
-  else if (!(p <= o.alpha)) verdict = noise >= min_effect || !std::isfinite(p) ? "noisy" : "same";
-  else if (std::fabs(change) <= noise) verdict = "noisy";
+  else if (!(p <= o.alpha) || std::fabs(change) <= noise) verdict = "inconclusive";
   else verdict = worse ? "slower" : "faster";
   json m = metric_entry(metric == "step_time" ? "step_time_p50" : "throughput", verdict, verdict == "slower",
                         sb.center, sn.center);
@@ -288,6 +288,16 @@ json compare_reports(const json& base, const json& next, const CompareOptions& o
     if (!rn.count(k)) disappeared.push_back(k);
   out["recommendations"] = {{"appeared", appeared}, {"disappeared", disappeared}};
   out["regressions"] = regressions;
+  // Cells without a regression whose time could not be decided: the comparison as a whole is then
+  // inconclusive (exit 3), not "no regression".
+  int inconclusive = 0;
+  for (const auto& c : cells) {
+    bool undecided = false;
+    for (const auto& m : c["metrics"]) undecided = undecided || m.value("verdict", "") == "inconclusive";
+    inconclusive += undecided && !c.value("regression", false);
+  }
+  out["inconclusive"] = inconclusive;
+  out["verdict"] = regressions > 0 ? "regression" : inconclusive > 0 ? "inconclusive" : "no regression";
   out["summary"] = counts;
   out["options"] = {{"min_effect", o.min_effect}, {"alpha", o.alpha}, {"sample_effect_factor", o.sample_effect_factor},
                     {"memory_tolerance", o.memory_tolerance}, {"loss_tolerance", o.loss_tolerance},
@@ -331,8 +341,17 @@ std::string detail_text(const json& m) {
 std::string marker(const std::string& verdict, bool regression, bool colour) {
   if (!colour) return verdict;
   const char* c = regression ? "\033[31m" : verdict == "faster" || verdict == "better" ? "\033[32m"
-                              : verdict == "noisy" || verdict == "new" || verdict == "missing" ? "\033[33m" : "";
+                              : verdict == "inconclusive" || verdict == "new" || verdict == "missing" ? "\033[33m" : "";
   return *c ? std::string(c) + verdict + "\033[0m" : verdict;
+}
+
+// "no regression" only when every cell was decided.
+std::string headline(const json& cmp) {
+  const int n = cmp["regressions"], undecided = cmp.value("inconclusive", 0);
+  if (n > 0) return std::to_string(n) + " cell(s) regressed";
+  if (undecided > 0)
+    return "inconclusive: " + std::to_string(undecided) + " cell(s) could not be decided (more repetitions, or trainscope ab)";
+  return "no regression";
 }
 
 std::string pad_to(const std::string& s, size_t w) { return s.size() >= w ? s : s + std::string(w - s.size(), ' '); }
@@ -369,8 +388,7 @@ std::string render_compare_text(const json& cmp, bool colour) {
   const auto& rec = cmp["recommendations"];
   for (const auto& k : rec["appeared"]) out << "recommendation appeared: " << k.get<std::string>() << "\n";
   for (const auto& k : rec["disappeared"]) out << "recommendation disappeared: " << k.get<std::string>() << "\n";
-  const int n = cmp["regressions"];
-  out << "\n" << (n == 0 ? "no regression" : std::to_string(n) + " cell(s) regressed") << " (";
+  out << "\n" << headline(cmp) << " (";
   bool first = true;
   for (auto it = cmp["summary"].begin(); it != cmp["summary"].end(); ++it) {
     out << (first ? "" : ", ") << it.value().get<int>() << " " << it.key();
@@ -382,8 +400,7 @@ std::string render_compare_text(const json& cmp, bool colour) {
 
 std::string render_compare_markdown(const json& cmp) {
   std::ostringstream out;
-  const int n = cmp["regressions"];
-  out << "### trainscope compare: " << (n == 0 ? "no regression" : std::to_string(n) + " regression(s)") << "\n\n";
+  out << "### trainscope compare: " << headline(cmp) << "\n\n";
   if (!cmp["env_diff"].empty()) {
     out << "> **Environment differs**: a comparison across machines or software is not a regression test.\n>\n";
     for (const auto& d : cmp["env_diff"])

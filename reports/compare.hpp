@@ -1,8 +1,8 @@
 #pragma once
 // `trainscope compare BASE NEW`: the CI gate. Cells are matched by name and configuration; per cell and
 // metric a verdict with the statistic it rests on; the environment difference first; renderers for
-// the terminal, Markdown (pull-request comments) and JSON. The rules are in the README ("Comparing
-// runs"); the thresholds are CompareOptions.
+// the terminal, Markdown (pull-request comments) and JSON. The rules are in docs/ci.md; the thresholds
+// are CompareOptions.
 #include <string>
 
 #include "core/config.hpp"

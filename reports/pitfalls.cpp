@@ -342,13 +342,28 @@ void ssl_data(const json& report, const json& p, json& s) {
 
 }  // namespace
 
-bool made_to_fail(const json& report, const std::string& cell) {
+json expected_statuses(const json& report, const std::string& cell) {
+  const json expect = value_at(report, {"suite", "expect"});
+  if (expect.is_object() && expect.contains(cell)) return expect[cell];
   const json list = value_at(report, {"suite", "pitfalls"});
-  if (!list.is_array()) return false;
-  for (const auto& p : list)
-    for (const auto& n : p.value("wrong", json::array()))
-      if (n == cell) return true;
-  return false;
+  if (list.is_array())
+    for (const auto& p : list)
+      for (const auto& n : p.value("wrong", json::array()))
+        if (n == cell) return json{"ok", "diverged", "oom"};
+  return nullptr;
+}
+
+bool shown_as_expected(const json& report, const json& cell) {
+  const std::string status = cell.value("status", "");
+  if (status == "ok" || status == "skipped") return false;
+  const json e = expected_statuses(report, cell.value("name", ""));
+  return e.is_array() && std::find(e.begin(), e.end(), json(status)) != e.end();
+}
+
+bool expectation_missed(const json& report, const json& cell) {
+  if (cell.value("status", "") != "ok") return false;
+  const json e = expected_statuses(report, cell.value("name", ""));
+  return e.is_array() && std::find(e.begin(), e.end(), json("ok")) == e.end();
 }
 
 json pitfalls_summary(const json& report) {

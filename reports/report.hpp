@@ -64,9 +64,14 @@ json ssl_summary(const json& report);
 // The pitfalls section (null when the suite has no [[pitfalls]]): per pitfall {"id", "kind", "title",
 // "wrong", "fix": [{"cell", "status", "summary"}], "saw", "cost": [text], "reproduced", "verdict"}.
 json pitfalls_summary(const json& report);
-// Whether the suite's [[pitfalls]] name this cell as `wrong`: made to fail on purpose, so its oom or
-// divergence is the pitfall's finding (reported there) and fails neither the run nor its exit code.
-bool made_to_fail(const json& report, const std::string& cell);
+// The statuses a cell is meant to end in, from the suite's [expect] table, else ["ok", "diverged",
+// "oom"] for a [[pitfalls]] `wrong` cell (made to go wrong on purpose); null for any other cell.
+json expected_statuses(const json& report, const std::string& cell);
+// A cell that did not end ok in a way its suite expects: shown, not failed (it fails neither the run
+// nor its exit code; a pitfall's reports it as its finding).
+bool shown_as_expected(const json& report, const json& cell);
+// A cell its suite expects to fail ("ok" not among its statuses) that ended ok: a finding.
+bool expectation_missed(const json& report, const json& cell);
 // simclr | byol | dino | mae.
 bool is_ssl_method(const std::string& method);
 // The two-sided 95% Student t quantile for `df` degrees of freedom (NaN below 1).

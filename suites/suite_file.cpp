@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include <toml++/toml.h>
@@ -205,9 +206,24 @@ Suite parse_suite(const std::string& text, const std::string& origin) {
       if (!arr || !arr->is_array_of_tables()) throw UsageError(where + ": expected [[pitfalls]] tables");
       for (size_t i = 0; i < arr->size(); ++i)
         s.pitfalls.push_back(parse_pitfall(*arr->get(i)->as_table(), where + "[" + std::to_string(i) + "]"));
+    } else if (key == "expect") {
+      const toml::table* t = node->as_table();
+      if (!t) throw UsageError(where + ": expected a table of cell name = status (or a list of statuses)");
+      for (const auto& [cell, v] : *t) {
+        const std::string at = where + "." + std::string(cell.str());
+        json statuses = json::array();
+        if (v.is_string()) statuses.push_back(v.as_string()->get());
+        else if (const toml::array* arr = v.as_array())
+          for (const auto& x : *arr) statuses.push_back(x.is_string() ? json(x.as_string()->get()) : json(nullptr));
+        for (const auto& st : statuses)
+          if (!st.is_string() || !std::set<std::string>{"ok", "diverged", "oom", "failed", "timeout"}.count(st.get<std::string>()))
+            throw UsageError(at + ": expected a status or a list of them (diverged, oom, failed, timeout, ok)");
+        if (statuses.empty()) throw UsageError(at + ": expected a status or a list of them (diverged, oom, failed, timeout, ok)");
+        s.expect[std::string(cell.str())] = statuses;
+      }
     } else {
       throw UsageError(where +
-                       ": unknown key (allowed: name, description, repeat, base, axes, when, models, cells, frontier, pitfalls)");
+                       ": unknown key (allowed: name, description, repeat, base, axes, when, models, cells, frontier, pitfalls, expect)");
     }
   }
   if (s.name.empty()) throw UsageError(origin + ": missing 'name'");
@@ -220,6 +236,9 @@ Suite parse_suite(const std::string& text, const std::string& origin) {
         if (std::none_of(cells.begin(), cells.end(), [&](const Cell& c) { return c.name == n.get<std::string>(); }))
           throw UsageError(origin + ": pitfalls[" + std::to_string(i) + "]." + part + ": no cell named '" +
                            n.get<std::string>() + "'");
+  for (auto it = s.expect.begin(); it != s.expect.end(); ++it)
+    if (std::none_of(cells.begin(), cells.end(), [&](const Cell& c) { return c.name == it.key(); }))
+      throw UsageError(origin + ": expect: no cell named '" + it.key() + "'");
   return s;
 }
 
@@ -322,6 +341,7 @@ json suite_to_json(const Suite& suite) {
          {"base", suite.base}, {"axes", axes}, {"when", when}, {"cells", extra}, {"frontier", suite.frontier}};
   if (!suite.pitfalls.empty()) j["pitfalls"] = suite.pitfalls;
   if (!suite.models.empty()) j["models"] = suite.models;
+  if (!suite.expect.empty()) j["expect"] = suite.expect;
   return j;
 }
 

@@ -53,6 +53,10 @@ struct Suite {
   // "reference"} naming cells of this suite (reports/pitfalls.cpp reads them); kind is one of
   // pitfall_kinds().
   json pitfalls = json::array();
+  // [expect]: cell name -> the statuses it is meant to end in (a cell that shows a classic mistake:
+  // "diverged", "oom", ...): such an ending is shown, not failed. A pitfall's `wrong` cells are meant
+  // to go wrong too (reports::expected_statuses gives them ok, diverged or oom unless [expect] says).
+  json expect = json::object();
   // [models.NAME]: name -> the dimension keys of a model of the suite's own.
   json models = json::object();
 };

@@ -57,6 +57,58 @@ inline int lines(const std::string& s) {
   return n;
 }
 
+// A results folder's report.html in headless Chromium, from disk, with the network off: how many
+// charts the page expects and drew with data, and its script errors (read from <body>'s data
+// attributes, where the page writes them); a screenshot at a laptop's width beside it (report.png).
+// `ran` is false without Chromium or Chart.js (a machine without them skips the check).
+struct BrowserCheck {
+  bool ran = false;
+  std::string expected, drawn, errors, dom;
+};
+inline BrowserCheck browser_check(const std::string& dir) {
+  BrowserCheck b;
+  if (sh("command -v chromium").code != 0 || !std::ifstream("/usr/share/javascript/chart.js/chart.min.js").good()) return b;
+  const std::string flags = "--headless --no-sandbox --disable-gpu --no-proxy-server --host-resolver-rules='MAP * ~NOTFOUND' "
+                            "--virtual-time-budget=10000 ";
+  const Result dom = sh("chromium " + flags + "--dump-dom file://" + dir + "/report.html 2>/dev/null");
+  b.ran = dom.code == 0;
+  b.dom = dom.out;
+  const auto body = dom.out.find("<body");
+  if (body == std::string::npos) return b;
+  const std::string tag = dom.out.substr(body, dom.out.find('>', body) - body);
+  auto attr = [&](const std::string& name) {
+    const auto at = tag.find(name + "=\"");
+    return at == std::string::npos ? std::string("?") : tag.substr(at + name.size() + 2, tag.find('"', at + name.size() + 2) - at - name.size() - 2);
+  };
+  b.expected = attr("data-charts-expected");
+  b.drawn = attr("data-charts-drawn");
+  b.errors = attr("data-errors");
+  sh("rm -f " + dir + "/report.png; chromium " + flags + "--window-size=1366,3000 --screenshot=" + dir + "/report.png file://" + dir +
+     "/report.html > /dev/null 2>&1");
+  return b;
+}
+
+// The checks every built-in suite's report passes: every chart drawn with data, no script error, no
+// raw JSON object in report.md, and the summary first in both.
+inline void expect_reports_for_people(const std::string& dir) {
+  std::ifstream f(dir + "/report.md");
+  const std::string md((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(md.find("{\""), std::string::npos) << dir << ": raw JSON in report.md";
+  const auto summary = md.find("## Summary"), cells = md.find("## Cells");
+  EXPECT_NE(summary, std::string::npos) << dir;
+  EXPECT_LT(summary, cells) << dir << ": the summary comes first";
+  const BrowserCheck b = browser_check(dir);
+  if (!b.ran) return;
+  EXPECT_NE(b.expected, "0") << dir << ": no chart";
+  EXPECT_EQ(b.drawn, b.expected) << dir;
+  EXPECT_EQ(b.errors, "") << dir;
+  EXPECT_LT(b.dom.find("id=\"summary\""), b.dom.find("id=\"cells\"")) << dir;
+  std::ifstream shot(dir + "/report.png", std::ios::binary);
+  std::string magic(8, '\0');
+  shot.read(&magic[0], 8);
+  EXPECT_EQ(magic.substr(1, 3), "PNG") << dir;
+}
+
 // Processes whose command line mentions `needle` (a leftover cell would).
 inline int processes_mentioning(const std::string& needle) {
   int found = 0;

@@ -3,13 +3,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <random>
 
 #include <gtest/gtest.h>
 
 #include "cli_support.hpp"
 #include "core/stats.hpp"
 #include "reports/compare.hpp"
-#include "reports/render.hpp"
+#include "reports/render/render.hpp"
 #include "reports/report.hpp"
 
 using namespace trainscope;
@@ -92,7 +93,7 @@ TEST(Compare, TimeMemoryQualityAndStatusRules) {
   EXPECT_NEAR(metric(cmp, "slower", "step_time_p50")["change"].get<double>(), 1.255 / 1.0 - 1, 1e-9);  // medians
   EXPECT_EQ(metric(cmp, "slower", "step_time_p50")["p_value"].get<double>(), 1.0 / 252);
   EXPECT_EQ(metric(cmp, "small", "step_time_p50")["verdict"], "same");
-  EXPECT_EQ(metric(cmp, "wild", "step_time_p50")["verdict"], "noisy");
+  EXPECT_EQ(metric(cmp, "wild", "step_time_p50")["verdict"], "inconclusive");
   EXPECT_EQ(metric(cmp, "memory", "peak_bytes")["verdict"], "worse");
   EXPECT_EQ(metric(cmp, "loss", "final_loss")["verdict"], "worse");
   EXPECT_EQ(metric(cmp, "broken", "status")["new"], "oom");
@@ -103,10 +104,33 @@ TEST(Compare, TimeMemoryQualityAndStatusRules) {
   EXPECT_EQ(by_name["gone"]["verdict"], "missing");
   EXPECT_EQ(by_name["added"]["verdict"], "new");
   EXPECT_EQ(cmp["regressions"], 4);
+  EXPECT_EQ(cmp["inconclusive"], 1);  // wild
+  EXPECT_EQ(cmp["verdict"], "regression");
   // Faster is good news, not a regression; within-run samples alone need twice the minimum effect.
   const json faster = reports::compare_reports(next, base);
   EXPECT_EQ(metric(faster, "slower", "step_time_p50")["verdict"], "faster");
   EXPECT_FALSE(metric(faster, "slower", "step_time_p50")["regression"]);
+}
+
+// The case that made `compare` untrustworthy as a gate: 3 repetitions a side, one base repetition
+// slow (another tenant), the new side 50% slower. The range of the base (60%) used to call that
+// "noisy" and the run "no regression"; with 3 against 3 no test can be significant unless the sides
+// separate completely (the smallest one-sided Mann-Whitney p is 1/20), so the honest answer is
+// inconclusive, and a robust spread (MAD) is not blinded by the slow repetition.
+TEST(Compare, UndecidedChangeIsInconclusiveNeverNoRegression) {
+  const json base = report_of({cell("c", {1.0, 1.01, 1.6}, 1000, 1.0)});
+  const json next = report_of({cell("c", {1.5, 1.52, 1.49}, 1000, 1.0)});
+  const json cmp = reports::compare_reports(base, next);
+  EXPECT_EQ(metric(cmp, "c", "step_time_p50")["verdict"], "inconclusive");
+  EXPECT_LT(metric(cmp, "c", "step_time_p50")["noise"].get<double>(), 0.05);  // MAD: the slow repetition is not the spread
+  EXPECT_EQ(cmp["verdict"], "inconclusive");
+  const std::string text = reports::render_compare_text(cmp, false);
+  EXPECT_EQ(text.find("no regression"), std::string::npos) << text;
+  EXPECT_NE(text.find("inconclusive: 1 cell(s)"), std::string::npos) << text;
+  // Separated sides are a regression: p = 1/20 <= 0.05 and +49% above a 1% spread.
+  const json clear = reports::compare_reports(report_of({cell("c", {1.0, 1.01, 0.99}, 1000, 1.0)}), next);
+  EXPECT_EQ(metric(clear, "c", "step_time_p50")["verdict"], "slower");
+  EXPECT_EQ(clear["verdict"], "regression");
 }
 
 TEST(Compare, ExactLossAndTheEnvironmentFirst) {
@@ -130,12 +154,14 @@ TEST(Compare, ExactLossAndTheEnvironmentFirst) {
 
 // Recorded runs of tests/data/compare/gate.toml on this kind of machine (5 repetitions per cell): the
 // first pair of scripts/measure-gate.sh's measurement, twice the same build and once with every step
-// made 25% slower. The gate passes the first pair and
-// catches the second, through the real CLI and its exit codes.
-TEST(Compare, RecordedAaPairPassesAndAn25PercentSlowdownIsCaught) {
+// made 25% slower. The first pair is no regression, but it is not "no regression" either: gpt-tiny
+// moved +6.1% in 8.4% run-to-run noise (p = 0.155), which 5 repetitions a side cannot decide, so the
+// answer is inconclusive (exit 3); the second pair is caught. Through the real CLI and its exit codes.
+TEST(Compare, RecordedAaPairIsNotARegressionAndAn25PercentSlowdownIsCaught) {
   const Result aa = ts("compare " + fixture("base.json") + " " + fixture("aa.json") + " --no-color");
-  EXPECT_EQ(aa.code, 0) << aa.out;
-  EXPECT_NE(aa.out.find("no regression"), std::string::npos) << aa.out;
+  EXPECT_EQ(aa.code, 3) << aa.out;
+  EXPECT_NE(aa.out.find("inconclusive: 1 cell(s) could not be decided"), std::string::npos) << aa.out;
+  EXPECT_EQ(aa.out.find("regressed"), std::string::npos) << aa.out;
   const Result slow = ts("compare " + fixture("base.json") + " " + fixture("slow25.json") + " --no-color");
   EXPECT_EQ(slow.code, 1) << slow.out;
   EXPECT_NE(slow.out.find("2 cell(s) regressed"), std::string::npos) << slow.out;
@@ -149,7 +175,7 @@ TEST(Compare, RecordedAaPairPassesAndAn25PercentSlowdownIsCaught) {
   EXPECT_NE(md.out.find("**slower** (regression)"), std::string::npos) << md.out;
   std::ifstream f(summary);
   const std::string appended((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  EXPECT_NE(appended.find("### trainscope compare: 2 regression(s)"), std::string::npos) << appended;
+  EXPECT_NE(appended.find("### trainscope compare: 2 cell(s) regressed"), std::string::npos) << appended;
   const Result js = ts("compare " + fixture("base.json") + " " + fixture("slow25.json") + " --format json");
   const json cmp = json::parse(js.out);
   EXPECT_EQ(cmp["regressions"], 2);
@@ -235,6 +261,28 @@ precision = "tf32"
   EXPECT_EQ(skipped.report["cells"][0]["status"], "skipped");
 }
 
+// Every built-in suite's report opens with its summary, has no raw JSON in report.md and draws every
+// chart in a browser: the suites other tests run whole check theirs there (llama and precision in
+// test_cli, hardware, pitfalls in test_parallel, parity); these run the rest on a few cells and steps.
+TEST(Runs, EveryBuiltInSuitesReportIsForPeople) {
+  const std::vector<std::pair<std::string, std::string>> runs = {
+      {"quick", "--steps 10 --warmup 2"},
+      {"checkpointing", "--filter '^gpt-tiny/ckpt-(none|full)/bs16$' --steps 5 --warmup 1"},
+      {"parallel", "--nproc 2 --filter '^mlp/(ddp|zero3)/ws2$' --steps 5 --warmup 1"},
+      // synthetic images and a frozen-encoder probe of one epoch: the suite's sections in seconds
+      {"ssl", "--filter '^cnn-tiny/(supervised|simclr)$' --steps 5 --warmup 1 --set data=synthetic-images --set ssl_eval=frozen "
+              "--set probe_epochs=1"},
+      {"gate", "--nproc 2 --filter '^(mlp|gpt-tiny/ddp)$' --steps 5 --warmup 1"}};
+  for (const auto& [suite, args] : runs) {
+    const std::string out = tmp("people-" + suite);
+    sh("rm -rf " + out);
+    const Result r = ts("run --suite " + suite + " " + args + " --out " + out);
+    EXPECT_EQ(r.code, 0) << suite << ": " << r.out;
+    EXPECT_NE(r.out.find("machine: "), std::string::npos) << r.out;
+    expect_reports_for_people(out);
+  }
+}
+
 // report.html in headless Chromium, from disk, with the network off: every chart drawn with data and
 // no script error. The screenshot stays in the build folder (tests/scratch/cli/report.png) for people.
 TEST(Runs, TheHtmlReportDrawsEveryChartInARealBrowser) {
@@ -300,6 +348,73 @@ TEST(Gate, SignedRankHodgesLehmannAndHolm) {
   EXPECT_DOUBLE_EQ(holm[0], 0.03);  // 3 x 0.01
   EXPECT_DOUBLE_EQ(holm[2], 0.06);  // 2 x 0.03
   EXPECT_DOUBLE_EQ(holm[1], 0.06);  // max(1 x 0.04, 0.06)
+}
+
+// A series with +-3% uniform noise (a fixed seed) and, optionally, a step of `step` at `at`.
+std::vector<double> noisy_series(size_t n, size_t at, double step, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<double> x;
+  for (size_t i = 0; i < n; ++i) x.push_back((i >= at ? 1 + step : 1.0) * (1 + 0.03 * (static_cast<double>(rng() % 2001) / 1000 - 1)));
+  return x;
+}
+
+// E-divisive means finds a planted 12% step (4x the noise's half-width) where it is, also when it is
+// only 4 reports old, and nothing in a flat series of the same noise: a permutation p-value at alpha
+// 0.01 with 199 shuffles is a false alarm in 1% of flat series, and the seeds are fixed.
+TEST(History, EDivisiveFindsAPlantedStepAndNothingInAFlatSeries) {
+  const auto mid = e_divisive_change_points(noisy_series(30, 18, 0.12, 1));
+  ASSERT_EQ(mid.size(), 1u);
+  EXPECT_EQ(mid[0].index, 18u);
+  EXPECT_LE(mid[0].p, 0.01);
+  const auto late = e_divisive_change_points(noisy_series(30, 26, 0.12, 2));
+  ASSERT_EQ(late.size(), 1u);
+  EXPECT_EQ(late[0].index, 26u);
+  const auto two = e_divisive_change_points(noisy_series(40, 12, 0.15, 3));
+  EXPECT_EQ(two.size(), 1u);
+  EXPECT_TRUE(e_divisive_change_points(noisy_series(30, 30, 0, 4)).empty());
+  EXPECT_TRUE(e_divisive_change_points({1, 2, 3}).empty());  // too short to split
+}
+
+// `trainscope history` over a folder of stored reports: the planted step in one cell is flagged with
+// the report it starts at; the flat cell has none; an unreadable report found in the folder is skipped
+// with a warning, one named on the command line is bad input.
+TEST(History, CliFlagsThePlantedStepAndSkipsAnUnreadableReport) {
+  const std::string dir = tmp("history");
+  sh("rm -rf " + dir + " && mkdir -p " + dir);
+  const auto stepped = noisy_series(24, 15, 0.10, 5), flat = noisy_series(24, 24, 0, 6);
+  for (size_t i = 0; i < stepped.size(); ++i) {
+    json r = report_of({cell("stepped", {stepped[i]}, 1000, 1.0), cell("flat", {flat[i]}, 1000, 1.0)});
+    char created[32];
+    std::snprintf(created, sizeof created, "2026-11-%02zuT00:00:00Z", i + 1);
+    r["created"] = created;
+    r["trainscope"] = {{"version", "0.0.0"}, {"commit", "c" + std::to_string(i)}};
+    r["suite"] = {{"name", "gate"}};
+    sh("mkdir -p " + dir + "/run" + std::to_string(i));
+    std::ofstream(dir + "/run" + std::to_string(i) + "/report.json") << r.dump();
+  }
+  sh("mkdir -p " + dir + "/broken && echo '{\"schema\": ' > " + dir + "/broken/report.json");
+  const Result r = ts("history " + dir + " --format json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json h = json::parse(r.out.substr(r.out.find("{\n")));  // after the warning line
+  EXPECT_EQ(h["reports"], 24);
+  EXPECT_EQ(h["skipped"], 1);
+  EXPECT_EQ(h["regressions"], 1);
+  for (const auto& c : h["cells"]) {
+    if (c["cell"] == "flat") {
+      EXPECT_TRUE(c["change_points"].empty()) << c.dump();
+      continue;
+    }
+    ASSERT_EQ(c["change_points"].size(), 1u) << c.dump();
+    EXPECT_EQ(c["change_points"][0]["index"], 15);
+    EXPECT_EQ(c["change_points"][0]["commit"], "c15");
+    EXPECT_EQ(c["change_points"][0]["direction"], "regression");
+    EXPECT_NEAR(c["change_points"][0]["change"].get<double>(), 0.10, 0.04);  // medians of +-3% noise
+  }
+  const Result text = ts("history " + dir + " --filter stepped");
+  EXPECT_NE(text.out.find("REGRESSION +"), std::string::npos) << text.out;
+  const Result bad = ts("history " + dir + "/broken");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_EQ(lines(bad.out), 1) << bad.out;
 }
 
 }  // namespace

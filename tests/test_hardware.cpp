@@ -250,6 +250,7 @@ TEST(HardwareSuite, TheCpuQualificationReport) {
   ASSERT_EQ(r.code, 0) << r.out;
   const json report = read_json(out + "/report.json");
   EXPECT_EQ(validate_report(out + "/report.json").code, 0);
+  expect_reports_for_people(out);
   std::map<std::string, json> cells;
   for (const auto& c : report["cells"]) cells[c["name"]] = c;
   ASSERT_EQ(cells.size(), 5u);

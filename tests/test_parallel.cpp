@@ -928,6 +928,7 @@ TEST(Parallel, PitfallsSuiteReproducesEachMistakeWithItsFix) {
   const json report = read_json(out + "/report.json");
   const Result valid = validate_report(out + "/report.json");
   EXPECT_EQ(valid.code, 0) << valid.out;
+  expect_reports_for_people(out);
   ASSERT_EQ(report["pitfalls"].size(), 4u);
   std::map<std::string, json> by_kind;
   for (const auto& p : report["pitfalls"]) by_kind[p["kind"]] = p;

@@ -62,6 +62,7 @@ TEST_F(Parity, EveryRowPassesAndTheReportValidates) {
   const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("## Parity with PyTorch: every comparison"), std::string::npos);
   EXPECT_NE(text.find("| gpt-tiny/zero3 | all-gather bytes per step (rank 0) |"), std::string::npos);
+  expect_reports_for_people(*out_);
 }
 
 TEST_F(Parity, ParallelStrategiesEndWithPyTorchsParametersBitForBit) {

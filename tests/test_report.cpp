@@ -1,4 +1,5 @@
 // The report: atomic write and strict read, summary table, recommendations, the self-supervised summary.
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iterator>
@@ -12,7 +13,7 @@
 
 #include "core/errors.hpp"
 #include "core/units.hpp"
-#include "reports/render.hpp"
+#include "reports/render/render.hpp"
 #include "reports/report.hpp"
 
 using namespace trainscope;
@@ -97,6 +98,51 @@ TEST(Report, SummaryShowsSpeedupAgainstTheFp32Sibling) {
   EXPECT_NE(s.find("1.00x"), std::string::npos) << s;
   EXPECT_NE(s.find("85.0%"), std::string::npos) << s;
   EXPECT_NE(s.find("0.5010"), std::string::npos) << s;
+}
+
+// The digest that opens every report: the machine in one line; bf16-mixed at 2.5x fp32 with the same
+// loss is the precision decision, with its number and a link to its evidence; the same warning said
+// of five cells is one group of five, its headline two lines at most; the evidence as figures with
+// units, and no JSON object in report.md.
+TEST(Report, SummaryFirstGroupedRecommendationsAndEvidenceForPeople) {
+  json env = env_with_blas(false);
+  env["cpu"] = {{"model", "AMD EPYC"}, {"logical_cores", 2}};
+  env["torch"] = {{"version", "2.11.0"}};
+  json r = make_report(env, json::object(), {cell("mlp", "32-true", 0.010, 0.50, 0.85), cell("mlp", "bf16-mixed", 0.004, 0.501, 0.848)});
+  EXPECT_EQ(machine_line(r["env"]), "AMD EPYC, 2 cores; no GPU; torch 2.11.0");
+  for (int i = 0; i < 5; ++i)
+    r["recommendations"].push_back({{"id", "precision.fp16-underflow"}, {"severity", "warn"},
+                                    {"text", "cell" + std::to_string(i) + ": 80% of the gradients of fc0 are below fp16's normal range (6.1e-5) "
+                                             "unscaled: in fp16 keep the loss scaler, or use bf16; this sentence goes on and on to be "
+                                             "longer than two lines of a report so that the headline must be cut short somewhere"},
+                                    {"evidence", {{"frac_below_fp16_normal", 0.8}, {"peak_bytes", 1048576}}},
+                                    {"cells", {"c" + std::to_string(i)}}});
+  const json digest = report_digest(r);
+  ASSERT_FALSE(digest["decisions"].empty());
+  EXPECT_EQ(digest["decisions"][0]["topic"], "Precision");
+  EXPECT_NE(digest["decisions"][0]["text"].get<std::string>().find("2.50x"), std::string::npos) << digest.dump(1);
+  const json groups = recommendation_groups(r);
+  const auto warn = std::find_if(groups.begin(), groups.end(), [](const json& g) { return g["id"] == "precision.fp16-underflow"; });
+  ASSERT_NE(warn, groups.end());
+  EXPECT_EQ((*warn)["items"].size(), 5u);
+  EXPECT_EQ(groups[0]["severity"], "warn");  // worst first
+  const std::string headline = (*warn)["headline"];
+  EXPECT_LE(headline.size(), 220u) << headline;
+  EXPECT_NE(headline.find("and 4 more like it; cells: c0, c1, c2 and 2 more"), std::string::npos) << headline;
+  EXPECT_EQ(headline.find("(6.1e-5)"), std::string::npos) << headline;  // the detail is behind the fold
+  const json rows = evidence_rows((*warn)["items"][0]["evidence"]);
+  EXPECT_EQ(rows, json::parse(R"([["frac below fp16 normal", "80.00%"], ["peak", "1.0 MiB"]])"));
+  const std::string md = render_markdown(r);
+  EXPECT_LT(md.find("## Summary"), md.find("## Cells"));
+  EXPECT_LT(md.find("## Cells"), md.find("## Environment"));
+  EXPECT_EQ(md.find("{\""), std::string::npos) << md;
+  EXPECT_NE(md.find("([evidence](#rec-precision-use-bf16-mixed))"), std::string::npos) << md;
+  EXPECT_NE(md.find("<a id=\"rec-precision-use-bf16-mixed\"></a>"), std::string::npos) << md;
+  const std::string html = render_html(r);
+  EXPECT_LT(html.find("id=\"summary\""), html.find("id=\"cells\""));
+  EXPECT_NE(html.find("<details><summary>raw JSON</summary>"), std::string::npos);
+  const std::string terminal = render_summary(r);
+  EXPECT_EQ(terminal.rfind("machine: AMD EPYC", 0), 0u) << terminal;
 }
 
 TEST(Recommendations, Bf16RulesCiteTheirNumbers) {
@@ -534,7 +580,7 @@ TEST(Ssl, MarkdownHtmlAndSummaryShowTheSection) {
   EXPECT_NE(md.find("collapsed at step 120"), std::string::npos);
 
   const std::string html = render_html(r);
-  EXPECT_NE(html.find("<h2>Self-supervised pre-training</h2>"), std::string::npos);
+  EXPECT_NE(html.find("<h2 id=\"self-supervised-pre-training\">Self-supervised pre-training</h2>"), std::string::npos);
   EXPECT_NE(html.find("<td>+4.0 [+1.5, +6.5] over 3</td>"), std::string::npos);
   std::ifstream chartjs(kChartJsPath);
   if (chartjs.good()) {

@@ -1,5 +1,6 @@
 #include "runners/commands/ab.hpp"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -18,6 +20,7 @@
 #include "core/stats.hpp"
 #include "core/units.hpp"
 #include "reports/report.hpp"
+#include "runners/process/folder_lock.hpp"
 #include "suites/suite_file.hpp"
 
 namespace trainscope::runners {
@@ -67,9 +70,15 @@ struct Slot {
   json report;
 };
 
+// CPU seconds (user + system) of the children this process has waited for so far.
+double children_cpu_seconds() {
+  rusage u {};
+  getrusage(RUSAGE_CHILDREN, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 struct CellResult {
   std::vector<double> ratios;  // per block: ln(best new / best base)
-  std::vector<double> base_cpu_share, new_cpu_share;
   std::string base_status = "ok", new_status = "ok", reason;
   double base_peak = -1, new_peak = -1;
 };
@@ -92,7 +101,13 @@ int ab_command(const AbArgs& a) {
   for (const auto& c : suites::expand(suites::load_suite(a.suite), a.filter)) names.push_back(c.name);
   if (names.empty()) throw UsageError("ab: no cell of suite '" + a.suite + "' matches --filter '" + a.filter + "'");
   const std::string out = a.out.empty() ? "results/ab-" + utc_now(true) : a.out;
-  fs::create_directories(out);
+  // With n blocks the exact signed-rank test's smallest p is 2^-n, and the upper bound exists only
+  // when 2^-n <= alpha / K: fewer blocks could never decide on time. Start at the least n that can
+  // (even, so that ABBA and BAAB balance), e.g. 8 for the gate's 4 cells at alpha 0.05.
+  const int needed = static_cast<int>(std::ceil(std::log2(static_cast<double>(names.size()) / a.alpha)));
+  const int start_blocks = std::max(a.blocks, needed + needed % 2);
+  const int max_blocks = std::max(a.max_blocks, start_blocks);
+  const FolderLock lock(out);
   std::string filter = "^(";
   for (size_t i = 0; i < names.size(); ++i) {
     std::string escaped;
@@ -103,6 +118,9 @@ int ab_command(const AbArgs& a) {
 
   std::map<std::string, CellResult> cells;
   int slot_index = 0;
+  // Per slot, wall and CPU time of the whole process: a diagnostic beside the step times (a slot whose
+  // CPU time is far below its wall time waited for the cores: another tenant).
+  json slots = json::array();
   const auto started = std::chrono::steady_clock::now();
   auto run_slot = [&](char side) {
     const std::string& bin = side == 'A' ? a.base : a.fresh;
@@ -111,7 +129,12 @@ int ab_command(const AbArgs& a) {
     std::string cmd = quote(bin) + " run --suite " + quote(a.suite) + " --filter " + quote(filter) + " --nproc " +
                       std::to_string(a.nproc) + " --out " + quote(dir);
     for (const auto& [k, v] : sets) cmd += " --set " + quote(k + "=" + v);
+    const double cpu0 = children_cpu_seconds();
+    const auto t0 = std::chrono::steady_clock::now();
     const auto [rc, text] = capture(cmd);
+    slots.push_back({{"slot", dir.substr(out.size() + 1)}, {"side", side == 'A' ? "base" : "new"},
+                     {"wall_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()},
+                     {"cpu_s", children_cpu_seconds() - cpu0}});
     if (!fs::exists(dir + "/report.json") && rc == 2)  // the build refused its arguments or the suite: bad input
       throw UsageError(std::string("ab: the ") + (side == 'A' ? "base" : "new") + " build refused the run: " +
                        text.substr(0, text.find('\n')));
@@ -159,12 +182,13 @@ int ab_command(const AbArgs& a) {
   // report under slots/, and ab.json saying where it stopped).
   auto record_error = [&](const std::string& what) {
     std::ofstream f(out + "/ab.json");
-    f << json{{"schema", "trainscope.ab/1"}, {"suite", a.suite}, {"blocks_started", done}, {"verdict", "error"}, {"error", what}}.dump(2)
+    f << json{{"schema", "trainscope.ab/1"}, {"suite", a.suite}, {"blocks_started", done}, {"verdict", "error"}, {"error", what},
+              {"slots", slots}}.dump(2)
       << "\n";
   };
   try {
   while (true) {
-    while (done < a.blocks) run_block(done++);
+    while (done < start_blocks) run_block(done++);
     // Per cell: effect, one-sided test, upper bound; Holm over the cells.
     std::vector<double> p;
     for (const auto& name : names) p.push_back(cells[name].ratios.empty() ? 1.0 : wilcoxon_signed_rank_greater_p(cells[name].ratios));
@@ -215,8 +239,8 @@ int ab_command(const AbArgs& a) {
       verdicts.push_back(v);
     }
     run_verdict = any_regression ? "regression" : all_pass ? "pass" : "inconclusive";
-    if (run_verdict != "inconclusive" || done >= a.max_blocks) break;
-    const int more = std::min(2, a.max_blocks - done);
+    if (run_verdict != "inconclusive" || done >= max_blocks) break;
+    const int more = std::min(2, max_blocks - done);
     std::fprintf(stderr, "ab: inconclusive after %d blocks: %d more\n", done, more);
     for (int k = 0; k < more; ++k) run_block(done++);
   }
@@ -235,7 +259,8 @@ int ab_command(const AbArgs& a) {
                  {"blocks", done},
                  {"seconds", seconds},
                  {"verdict", run_verdict},
-                 {"cells", verdicts}};
+                 {"cells", verdicts},
+                 {"slots", slots}};
   {
     std::ofstream f(out + "/ab.json");
     f << result.dump(2) << "\n";
@@ -244,16 +269,34 @@ int ab_command(const AbArgs& a) {
   text += "ab: " + std::to_string(done) + " ABBA blocks of " + std::to_string(names.size()) + " cell(s) in " + format_seconds(seconds) +
           "; verdict: " + run_verdict + "\n";
   for (const auto& v : verdicts) text += "  " + v["cell"].get<std::string>() + ": " + v["verdict"].get<std::string>() + ": " + v.value("why", std::string()) + "\n";
+  double wall[2] = {0, 0}, cpu[2] = {0, 0};
+  for (const auto& sl : slots) {
+    const int k = sl["side"] == "base" ? 0 : 1;
+    wall[k] += sl["wall_s"].get<double>();
+    cpu[k] += sl["cpu_s"].get<double>();
+  }
+  text += "  processes: base " + format_seconds(wall[0]) + " wall, " + format_seconds(cpu[0]) + " CPU; new " + format_seconds(wall[1]) +
+          " wall, " + format_seconds(cpu[1]) + " CPU\n";
+  std::string md = "### trainscope ab: **" + run_verdict + "**\n\n" + std::to_string(done) + " ABBA blocks of " + a.suite +
+                   " in " + format_seconds(seconds) + "; base `" + base_version + "`, new `" + new_version +
+                   "`\n\n| cell | verdict | effect | upper bound | p (Holm) | blocks | why |\n| --- | --- | --- | --- | --- | --- | --- |\n";
+  for (const auto& v : verdicts)
+    md += "| " + v["cell"].get<std::string>() + " | " + v["verdict"].get<std::string>() + " | " +
+          (v.contains("effect") ? format_signed_pct(100 * v["effect"].get<double>(), 1) : "-") + " | " +
+          (v.contains("upper_bound") ? format_signed_pct(100 * v["upper_bound"].get<double>(), 1) : "-") + " | " +
+          (v.contains("p_holm") ? format_fixed(v["p_holm"].get<double>(), 4) : "-") + " | " + v["blocks"].dump() + " | " +
+          v.value("why", std::string()) + " |\n";
+  {
+    std::ofstream f(out + "/ab.md");  // the pull-request comment, beside ab.json
+    f << md;
+  }
   if (a.format == "json") std::cout << result.dump(2) << "\n";
-  else if (a.format == "md") {
-    std::cout << "### trainscope ab: **" << run_verdict << "**\n\n| cell | verdict | effect | upper bound | p (Holm) | blocks |\n| --- | --- | --- | --- | --- | --- |\n";
-    for (const auto& v : verdicts)
-      std::cout << "| " << v["cell"].get<std::string>() << " | " << v["verdict"].get<std::string>() << " | "
-                << (v.contains("effect") ? format_signed_pct(100 * v["effect"].get<double>(), 1) : "-") << " | "
-                << (v.contains("upper_bound") ? format_signed_pct(100 * v["upper_bound"].get<double>(), 1) : "-") << " | "
-                << (v.contains("p_holm") ? format_fixed(v["p_holm"].get<double>(), 4) : "-") << " | " << v["blocks"] << " |\n";
-  } else {
-    std::cout << text;
+  else if (a.format == "md") std::cout << md;
+  else std::cout << text;
+  // In a GitHub Actions job the Markdown also goes to the job's summary page (as `compare` does).
+  if (const char* summary = std::getenv("GITHUB_STEP_SUMMARY"); summary && *summary) {
+    std::ofstream f(summary, std::ios::app);
+    f << md << "\n";
   }
   return run_verdict == "regression" ? 1 : run_verdict == "pass" ? 0 : 3;
 }

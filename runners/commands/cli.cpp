@@ -19,12 +19,13 @@
 #include "probes/device/env.hpp"
 #include "probes/device/gpu.hpp"
 #include "reports/compare.hpp"
-#include "reports/render.hpp"
+#include "reports/render/render.hpp"
 #include "reports/report.hpp"
 #include "runners/process/cell.hpp"
 #include "runners/process/launch.hpp"
 #include "runners/commands/parity.hpp"
 #include "runners/commands/ab.hpp"
+#include "runners/commands/history.hpp"
 #include "runners/commands/plan.hpp"
 #include "runners/commands/suite_run.hpp"
 #include "suites/models/data.hpp"
@@ -163,7 +164,8 @@ struct CompareArgs {
   bool exact_loss = false, no_colour = false;
 };
 
-// `trainscope compare BASE NEW`: 0 no regression, 1 a regression, 2 bad input (read_report throws).
+// `trainscope compare BASE NEW`: 0 no regression, 1 a regression, 3 inconclusive (a change that could
+// not be decided), 2 bad input (read_report throws).
 int compare_command(const CompareArgs& a) {
   const json base = reports::read_report(a.base), next = reports::read_report(a.next);
   reports::CompareOptions o;
@@ -181,7 +183,7 @@ int compare_command(const CompareArgs& a) {
     std::ofstream f(summary, std::ios::app);
     f << md << "\n";
   }
-  return cmp["regressions"].get<int>() > 0 ? 1 : 0;
+  return cmp["regressions"].get<int>() > 0 ? 1 : cmp["inconclusive"].get<int>() > 0 ? 3 : 0;
 }
 
 // "key=value" -> pair; one-line error otherwise.
@@ -239,7 +241,7 @@ int cli_main(int argc, char** argv) {
 
   CompareArgs cmp;
   auto* compare_cmd = app.add_subcommand(
-      "compare", "Compare two runs (reports or results folders): per cell and metric a verdict; exit 1 on a regression");
+      "compare", "Compare two runs (reports or results folders): per cell and metric a verdict; exit 1 on a regression, 3 when a change could not be decided");
   compare_cmd->add_option("base", cmp.base, "the baseline: report.json or its folder")->required();
   compare_cmd->add_option("new", cmp.next, "the run to judge: report.json or its folder")->required();
   compare_cmd->add_option("--format", cmp.format, "text (a table), md (a pull-request comment) or json")
@@ -304,7 +306,7 @@ int cli_main(int argc, char** argv) {
   ab_cmd->add_option("--new", ab.fresh, "the new build's trainscope binary (the same one: an A/A run)")->required();
   ab_cmd->add_option("--suite", ab.suite, "suite whose cells gate (built-in or a file both builds read)")->capture_default_str();
   ab_cmd->add_option("--filter", ab.filter, "regular expression on cell names");
-  ab_cmd->add_option("--blocks", ab.blocks, "ABBA blocks to start with")->capture_default_str();
+  ab_cmd->add_option("--blocks", ab.blocks, "ABBA blocks to start with (at least the fewest that can decide: 2^-n <= alpha / cells)")->capture_default_str();
   ab_cmd->add_option("--max-blocks", ab.max_blocks, "blocks at most, 2 more at a time while inconclusive")->capture_default_str();
   ab_cmd->add_option("--min-effect", ab.min_effect, "the smallest slowdown that counts as a regression")->capture_default_str();
   ab_cmd->add_option("--alpha", ab.alpha, "significance level over all cells (Holm)")->capture_default_str();
@@ -313,6 +315,16 @@ int cli_main(int argc, char** argv) {
   ab_cmd->add_option("--nproc", ab.nproc, "local ranks for multi-rank cells")->capture_default_str();
   ab_cmd->add_option("--out", ab.out, "folder for every slot's report and ab.json (default results/ab-<UTC>)");
   ab_cmd->add_option("--format", ab.format, "text | md | json")->check(CLI::IsMember({"text", "md", "json"}));
+
+  HistoryArgs history;
+  auto* history_cmd = app.add_subcommand("history", "Post-merge trend: one metric per cell over many stored reports, change points flagged (E-divisive means)");
+  history_cmd->add_option("paths", history.paths, "reports, results folders, or folders searched for report.json")->required();
+  history_cmd->add_option("--metric", history.metric, "step_time | throughput | peak_memory")
+      ->check(CLI::IsMember({"step_time", "throughput", "peak_memory"}))->capture_default_str();
+  history_cmd->add_option("--filter", history.filter, "regular expression on cell names");
+  history_cmd->add_option("--min-effect", history.min_effect, "a change point whose medians differ less is not flagged")->capture_default_str();
+  history_cmd->add_option("--alpha", history.alpha, "the permutation test's level")->capture_default_str();
+  history_cmd->add_option("--format", history.format, "text | md | json")->check(CLI::IsMember({"text", "md", "json"}));
 
   std::string export_report;
   bool export_bmf = false;
@@ -340,7 +352,7 @@ int cli_main(int argc, char** argv) {
     bool known = false;
     for (const auto* sub : app.get_subcommands({})) known = known || sub->check_name(word);
     if (!known) {
-      std::fprintf(stderr, "trainscope: error: unknown command '%s' (allowed: run, list, env, report, compare, ab, parity, peak, plan, export, trace)\n", word.c_str());
+      std::fprintf(stderr, "trainscope: error: unknown command '%s' (allowed: run, list, env, report, compare, ab, history, parity, peak, plan, export, trace)\n", word.c_str());
       return 2;
     }
   }
@@ -383,6 +395,7 @@ int cli_main(int argc, char** argv) {
       for (const auto& kv : ab_new_sets) ab.new_sets.push_back(split_set(kv));
       return ab_command(ab);
     }
+    if (history_cmd->parsed()) return history_command(history);
     if (plan_cmd->parsed()) {
       for (const auto& kv : plan_sets) plan.sets.push_back(split_set(kv));
       return plan_command(plan);

@@ -11,8 +11,9 @@
 #include "core/build_info.hpp"
 #include "core/errors.hpp"
 #include "core/units.hpp"
-#include "reports/render.hpp"
+#include "reports/render/render.hpp"
 #include "reports/report.hpp"
+#include "runners/process/folder_lock.hpp"
 #include "runners/process/isolation.hpp"
 #include "suites/suite_file.hpp"
 
@@ -72,7 +73,7 @@ int parity_command(ParityOptions o) {
       throw UsageError("parity: no cell of suite '" + suite.name + "' sets parity_dump = true (the built-in `parity` suite does)");
   }
   if (o.run.out.empty()) o.run.out = "results/parity-" + utc_now(true);
-  fs::create_directories(o.run.out);
+  const FolderLock lock(o.run.out);  // parity.json and the suite's report share the folder
   const std::string log = o.run.out + "/parity.log";
   const ChildOutcome probe = run_child({python, "-c", "import torch"}, log, 300);
   if (probe.kind != ChildOutcome::Kind::Exited || probe.exit_code != 0)

@@ -12,8 +12,8 @@
 #include "plan/check.hpp"
 #include "plan/device.hpp"
 #include "plan/search.hpp"
-#include "reports/render.hpp"
-#include "reports/render_plan.hpp"
+#include "reports/render/render.hpp"
+#include "reports/render/render_plan.hpp"
 #include "reports/report.hpp"
 
 namespace trainscope::runners {

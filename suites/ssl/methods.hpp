@@ -6,8 +6,8 @@
 // from the rank's augmentation generator and returns the objective, and after_step(), which moves an
 // EMA teacher. The parallel strategies see the encoder and the heads as one module; a teacher is not
 // a submodule (it is never trained, reduced or sharded). Conventions follow the reference code
-// (google-research/simclr, deepmind byol, facebookresearch dino and mae; see README, "Self-supervised
-// pre-training"), and every deviation is named where it is made.
+// (google-research/simclr, deepmind byol, facebookresearch dino and mae; see docs/ssl.md), and every
+// deviation is named where it is made.
 #include <memory>
 #include <string>
 #include <vector>

@@ -19,6 +19,23 @@ std::string render_html(const json& report, const std::string& chartjs_path = kC
 // Writes DIR/report.md and DIR/report.html (atomically, like report.json).
 void write_renderings(const json& report, const std::string& dir);
 
+// What a reader needs first (reports/digest.cpp): {"machine": one line, "decisions": [{"topic",
+// "text", "anchor"}], "problems": [{"severity", "text", "anchor"}], "cells_ok", "cells_other"}.
+json report_digest(const json& report);
+// The machine in one line: CPU and cores, memory, GPUs, torch and CUDA.
+std::string machine_line(const json& env);
+// Recommendations with the same id and severity as one group: {"id", "severity", "topic", "anchor",
+// "headline" (at most two lines), "cells", "items": [{"text", "evidence", "cells"}]}, worst first.
+json recommendation_groups(const json& report);
+// A recommendation's evidence for people: [[what, value with its unit], ...].
+json evidence_rows(const json& evidence);
+// The anchor GitHub gives a heading (lowercase; letters, digits, spaces and hyphens kept; spaces to
+// hyphens); report.html gives its headings the same ids, so one link works in both.
+std::string heading_anchor(const std::string& title);
+inline constexpr const char* kPitfallsSection = "Pitfalls: classic mistakes reproduced and diagnosed";
+// A sentence without its parenthetical detail, at most about 200 characters.
+std::string short_text(const std::string& text);
+
 // The terminal summary's table as data: {"columns": [...], "rows": [[...], ...]} (strings).
 json cell_table(const json& report);
 

@@ -1,11 +1,11 @@
-#include "reports/render_plan.hpp"
+#include "reports/render/render_plan.hpp"
 
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 
 #include "core/units.hpp"
-#include "reports/html.hpp"
+#include "reports/render/html.hpp"
 
 namespace trainscope::reports {
 

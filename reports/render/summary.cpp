@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "core/units.hpp"
-#include "reports/render.hpp"
+#include "reports/render/render.hpp"
 #include "reports/report.hpp"
 
 namespace trainscope::reports {
@@ -26,7 +26,7 @@ json cell_table(const json& report) {
   for (const auto& c : report["cells"]) {
     std::vector<std::string> r(head.size(), "-");
     r[0] = c["name"].get<std::string>();
-    r[1] = c["status"].get<std::string>();
+    r[1] = c["status"].get<std::string>() + (shown_as_expected(report, c) ? " (expected)" : "");
     const double p50 = number_at(c, {"metrics", "timing", "step_time_s", "p50"});
     if (p50 > 0) r[2] = format_seconds(p50);
     const double tok = number_at(c, {"metrics", "timing", "tokens_per_s"});
@@ -58,6 +58,15 @@ std::string render_summary(const json& report) {
     for (const auto& r : rows) w[i] = std::max(w[i], r[i].size());
   }
   std::ostringstream out;
+  // What a reader needs first: the machine, the decisions, what went wrong; the table after.
+  const json digest = report_digest(report);
+  out << "machine: " << digest["machine"].get<std::string>() << "\n";
+  if (!digest["decisions"].empty()) out << "decisions:\n";
+  for (const auto& d : digest["decisions"]) out << "  " << d["topic"].get<std::string>() << ": " << d["text"].get<std::string>() << "\n";
+  if (digest["problems"].empty()) out << "what went wrong: nothing\n";
+  else out << "what went wrong:\n";
+  for (const auto& p : digest["problems"]) out << "  [" << p["severity"].get<std::string>() << "] " << p["text"].get<std::string>() << "\n";
+  out << "\n";
   auto line = [&](const std::vector<std::string>& r) {
     for (size_t i = 0; i < r.size(); ++i) out << (i ? "  " : "") << pad(r[i], w[i], i >= 2);
     out << "\n";
@@ -172,10 +181,13 @@ std::string render_summary(const json& report) {
     }
     flush();
   }
-  if (report.contains("recommendations") && !report["recommendations"].empty()) {
-    out << "\nrecommendations:\n";
-    for (const auto& r : report["recommendations"])
-      out << "  [" << r["severity"].get<std::string>() << "] " << r["text"].get<std::string>() << "\n";
+  // The recommendations in full (the summary above has their short form), one per kind: a kind said
+  // of many cells once, with the cells.
+  const json groups = recommendation_groups(report);
+  if (!groups.empty()) out << "\nrecommendations (in full: report.md, report.html):\n";
+  for (const auto& g : groups) {
+    out << "  [" << g["severity"].get<std::string>() << "] " << g["items"][0]["text"].get<std::string>() << "\n";
+    if (g["items"].size() > 1) out << "      and " << g["items"].size() - 1 << " more like it: " << g["cells"].size() << " cells\n";
   }
   return out.str();
 }

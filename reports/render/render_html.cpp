@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include "core/units.hpp"
-#include "reports/html.hpp"
-#include "reports/render.hpp"
+#include "reports/render/html.hpp"
+#include "reports/render/render.hpp"
 #include "reports/report.hpp"
 
 namespace trainscope::reports {
@@ -26,7 +26,15 @@ json chart(const std::string& id, const std::string& title, const std::string& t
   options["animation"] = false;
   options["responsive"] = true;
   options["plugins"]["title"] = {{"display", true}, {"text", title}};
-  return {{"id", id}, {"title", title}, {"config", {{"type", type}, {"data", data}, {"options", options}}}};
+  json spec = {{"id", id}, {"title", title}};
+  // Bars along named cells run sideways, one row per cell, so that long cell names stay readable at
+  // a laptop's width: the chart is as tall as its rows need.
+  if (type == "bar" && options.value("indexAxis", "") == "y" && data.contains("labels")) {
+    options["maintainAspectRatio"] = false;
+    spec["height"] = 90 + 26 * data["labels"].size() * std::max<size_t>(1, std::min<size_t>(data["datasets"].size(), 4)) / 2;
+  }
+  spec["config"] = {{"type", type}, {"data", data}, {"options", options}};
+  return spec;
 }
 
 std::string esc(const std::string& s) {
@@ -74,6 +82,13 @@ json points(const json& pairs) {
   return p;
 }
 
+// Chart.js scales with titled axes: x and y titles (empty: none).
+json axes(const std::string& x, const std::string& y, json x_extra = json::object(), json y_extra = json::object()) {
+  if (!x.empty()) x_extra["title"] = {{"display", true}, {"text", x}};
+  if (!y.empty()) y_extra["title"] = {{"display", true}, {"text", y}};
+  return {{"x", x_extra}, {"y", y_extra}};
+}
+
 // Every plot the report has data for.
 json chart_specs(const json& report) {
   json charts = json::array();
@@ -103,7 +118,7 @@ json chart_specs(const json& report) {
                            {{"datasets", {{{"label", "scale"}, {"data", scale}, {"stepped", true}, {"pointRadius", 0}},
                                           {{"label", "skipped step (back-off)"}, {"data", backoffs}, {"showLine", false},
                                            {"pointStyle", "crossRot"}, {"pointRadius", 6}}}}},
-                           {{"scales", {{"x", {{"type", "linear"}}}, {"y", {{"type", "logarithmic"}}}}}}));
+                           {{"scales", axes("step", "loss scale (log)", {{"type", "linear"}}, {{"type", "logarithmic"}})}}));
   }
   // Step-time distribution per cell: p50 / p90 / p99 (and min), in milliseconds.
   json labels = json::array(), p50 = json::array(), p90 = json::array(), p99 = json::array(), mn = json::array();
@@ -117,10 +132,11 @@ json chart_specs(const json& report) {
     p99.push_back(1e3 * number_at(c, {"metrics", "timing", "step_time_s", "p99"}));
   }
   if (!labels.empty())
-    charts.push_back(chart("step-times", "Step time distribution (ms)", "bar",
+    charts.push_back(chart("step-times", "Step time per cell (ms): min, p50, p90, p99", "bar",
                            {{"labels", labels},
                             {"datasets", {{{"label", "min"}, {"data", mn}}, {{"label", "p50"}, {"data", p50}},
-                                          {{"label", "p90"}, {"data", p90}}, {{"label", "p99"}, {"data", p99}}}}}));
+                                          {{"label", "p90"}, {"data", p90}}, {{"label", "p99"}, {"data", p99}}}}},
+                           {{"indexAxis", "y"}, {"scales", axes("step time (ms)", "")}}));
   // Memory per phase, with the model state measured beside the analytic expectation (MiB).
   json ml = json::array(), fwd = json::array(), bwd = json::array(), opt = json::array(), state = json::array(),
        expected = json::array();
@@ -142,7 +158,8 @@ json chart_specs(const json& report) {
                             {"datasets", {{{"label", "forward peak"}, {"data", fwd}}, {{"label", "backward peak"}, {"data", bwd}},
                                           {{"label", "optimizer peak"}, {"data", opt}},
                                           {{"label", "model state measured"}, {"data", state}},
-                                          {{"label", "model state expected"}, {"data", expected}}}}}));
+                                          {{"label", "model state expected"}, {"data", expected}}}}},
+                           {{"indexAxis", "y"}, {"scales", axes("MiB", "")}}));
   // Per-block fp16 range map: fraction of gradients beyond fp16's range and below its normal range.
   json bl = json::array(), over = json::array(), under = json::array(), aover = json::array();
   for (const auto& c : cells)
@@ -159,7 +176,7 @@ json chart_specs(const json& report) {
                             {"datasets", {{{"label", "gradients beyond fp16"}, {"data", over}},
                                           {{"label", "gradients below fp16 normal"}, {"data", under}},
                                           {{"label", "activations beyond fp16"}, {"data", aover}}}}},
-                           {{"indexAxis", "y"}}));
+                           {{"indexAxis", "y"}, {"scales", axes("fraction of values", "")}}));
   // Communication per parallel cell: exposed against overlapped (ms per step).
   json cl = json::array(), exposed = json::array(), overlapped = json::array();
   for (const auto& c : cells) {
@@ -173,7 +190,7 @@ json chart_specs(const json& report) {
     charts.push_back(chart("comm", "Communication per step (ms): exposed and overlapped", "bar",
                            {{"labels", cl},
                             {"datasets", {{{"label", "exposed"}, {"data", exposed}}, {{"label", "overlapped"}, {"data", overlapped}}}}},
-                           {{"scales", {{"x", {{"stacked", true}}}, {"y", {{"stacked", true}}}}}}));
+                           {{"indexAxis", "y"}, {"scales", axes("ms per step", "", {{"stacked", true}}, {{"stacked", true}})}}));
   // SSL health: the embeddings' effective rank (RankMe) per step, per cell; a collapse drives it to 1.
   json health = json::array();
   for (const auto& c : cells) {
@@ -201,7 +218,7 @@ json chart_specs(const json& report) {
     if (!datasets.empty())
       charts.push_back(chart("frontier", "Frontier: largest batch under the budget against throughput (samples/s)",
                              "scatter", {{"datasets", datasets}},
-                             {{"scales", {{"x", {{"type", "logarithmic"}, {"title", {{"display", true}, {"text", "batch"}}}}}}}}));
+                             {{"scales", axes("largest batch (log)", "samples/s", {{"type", "logarithmic"}})}}));
   }
   return charts;
 }
@@ -254,7 +271,9 @@ std::string page_head(const std::string& title, size_t charts_expected) {
       << "<title>" << esc(title) << "</title>\n<style>\n"
       << "body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;margin:1em 0}"
          "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}th{background:#f3f3f3}"
-         ".chart{margin:1.5em 0}.warn{color:#a60}.critical{color:#b00}.info{color:#036}code{font-size:12px}\n"
+         ".chart{margin:1.5em 0;position:relative}.warn{color:#a60}.critical{color:#b00}.info{color:#036}.shown{color:#555}"
+         "code{font-size:12px;word-break:break-all}.summary{border:1px solid #bbb;background:#fafafa;padding:0 1em 1em}"
+         ".rec{margin:.6em 0}details{margin:.2em 0 .2em 1.5em;color:#222}summary{cursor:pointer;color:#555}\n"
       << "</style></head>\n<body data-charts-expected=\"" << charts_expected
       << "\" data-charts-drawn=\"0\" data-errors=\"\">\n";
   return out.str();
@@ -267,7 +286,8 @@ std::string chart_scripts(const json& charts, const std::string& chartjs, const 
         << " (apt-get install libjs-chart.js, then trainscope report DIR): the plots are left out.</p>\n";
   } else {
     for (const auto& c : charts)
-      out << "<div class=\"chart\"><canvas id=\"" << esc(c["id"].get<std::string>()) << "\"></canvas></div>\n";
+      out << "<div class=\"chart\"" << (c.contains("height") ? " style=\"height:" + c["height"].dump() + "px\"" : std::string()) << "><canvas id=\""
+          << esc(c["id"].get<std::string>()) << "\" role=\"img\" aria-label=\"" << esc(c["title"].get<std::string>()) << "\"></canvas></div>\n";
     // Errors and the number of charts drawn are written onto <body>, where a test (or a person) reads them.
     out << "<script>window.addEventListener('error', function (e) { var b = document.body;"
            " b.dataset.errors = (b.dataset.errors ? b.dataset.errors + '; ' : '') + e.message; });</script>\n";
@@ -292,53 +312,92 @@ std::string render_html(const json& report, const std::string& chartjs_path) {
   std::ostringstream out;
   const std::string title = "trainscope report: " + report["suite"].value("name", std::string("?"));
   out << page_head(title, chartjs.empty() ? 0 : charts.size());
+  const json& env = report["env"];
   out << "<h1>" << esc(title) << "</h1>\n<p>Created " << esc(report.value("created", "?")) << " by trainscope "
       << esc(report["trainscope"].value("version", "?")) << " (" << esc(report["trainscope"].value("commit", "?"))
-      << ").</p>\n";
-  const json& env = report["env"];
-  std::string gpus;
-  for (const auto& g : env.value("gpus", json::array())) gpus += (gpus.empty() ? "" : ", ") + g.value("name", std::string("?"));
-  out << "<h2>Environment</h2>\n<ul><li>host " << esc(env.value("host", "?")) << "; CPU "
-      << esc(value_at(env, {"cpu", "model"}).dump()) << ", " << esc(value_at(env, {"cpu", "logical_cores"}).dump())
-      << " logical cores</li><li>torch " << esc(value_at(env, {"torch", "version"}).dump()) << "; BLAS "
-      << esc(value_at(env, {"blas", "name"}).dump()) << "</li><li>GPUs: "
-      << esc(gpus.empty() ? value_at(env, {"cuda", "status"}).dump() : gpus) << "</li>";
-  for (const auto& w : env.value("warnings", json::array())) out << "<li class=\"warn\">" << esc(w.get<std::string>()) << "</li>";
-  out << "</ul>\n<h2>Suite</h2>\n<p>" << esc(report["suite"].value("description", "")) << "</p><ul>";
-  const json axes = report["suite"].value("axes", json::object());
-  for (const auto& [key, values] : axes.items())
-    out << "<li>axis <code>" << esc(key) << "</code>: " << esc(values.dump()) << "</li>";
-  out << "</ul>\n<h2>Cells</h2>\n";
+      << ") on " << esc(machine_line(env)) << ".</p>\n";
+  // The summary first: the decisions the run supports and what went wrong, each linked to its evidence.
+  const json digest = report_digest(report);
+  out << "<section class=\"summary\"><h2 id=\"summary\">Summary</h2>\n<ul class=\"decisions\">";
+  if (digest["decisions"].empty()) out << "<li>No decision to make from this run's cells.</li>";
+  for (const auto& d : digest["decisions"])
+    out << "<li><b>" << esc(d["topic"].get<std::string>()) << "</b>: " << esc(d["text"].get<std::string>()) << " <a href=\"#"
+        << esc(d["anchor"].get<std::string>()) << "\">evidence</a></li>";
+  out << "</ul>\n<h3>What went wrong</h3>\n";
+  if (digest["problems"].empty()) out << "<p>Nothing; " << digest["cells_ok"].get<int>() << " cell(s) ok.</p>\n";
+  else {
+    out << "<ul>";
+    for (const auto& p : digest["problems"]) {
+      out << "<li class=\"" << esc(p["severity"].get<std::string>()) << "\"><b>" << esc(p["severity"].get<std::string>()) << "</b> "
+          << esc(p["text"].get<std::string>());
+      if (p["anchor"].is_string()) out << " <a href=\"#" << esc(p["anchor"].get<std::string>()) << "\">details</a>";
+      out << "</li>";
+    }
+    out << "</ul>\n";
+  }
+  out << "</section>\n<h2 id=\"cells\">Cells</h2>\n";
   const json table = cell_table(report);
   html_table(out, table["columns"], table["rows"]);
   std::string section;
   for (const auto& t : technique_tables(report)) {
+    const std::string t_title = t["title"].get<std::string>();
     if (t.contains("section")) {
-      if (t["section"] != section) out << "<h2>" << esc(t["section"].get<std::string>()) << "</h2>\n";
+      if (t["section"] != section)
+        out << "<h2 id=\"" << esc(heading_anchor(t["section"].get<std::string>())) << "\">" << esc(t["section"].get<std::string>()) << "</h2>\n";
       section = t["section"];
-      out << "<h3>" << esc(t["title"].get<std::string>()) << "</h3>\n";
+      out << "<h3 id=\"" << esc(heading_anchor(t_title)) << "\">" << esc(t_title) << "</h3>\n";
     } else {
       section.clear();
-      out << "<h2>" << esc(t["title"].get<std::string>()) << "</h2>\n";
+      out << "<h2 id=\"" << esc(heading_anchor(t_title)) << "\">" << esc(t_title) << "</h2>\n";
     }
     html_table(out, t["columns"], t["rows"]);
   }
   out << heat_map(report);
-  out << "<h2>Recommendations</h2>\n<ul>";
-  for (const auto& r : report["recommendations"])
-    out << "<li class=\"" << esc(r.value("severity", "info")) << "\"><b>" << esc(r.value("severity", "?")) << "</b> "
-        << esc(r.value("text", "")) << "<br><code>" << esc(r.value("evidence", json::object()).dump()) << "</code></li>\n";
-  out << "</ul>\n";
+  // Recommendations said once per kind, two lines at most; the detail, the figures and the raw JSON
+  // behind folds.
+  out << "<h2 id=\"recommendations\">Recommendations</h2>\n";
+  const json groups = recommendation_groups(report);
+  if (groups.empty()) out << "<p>None.</p>\n";
+  for (const auto& g : groups) {
+    out << "<div class=\"rec " << esc(g["severity"].get<std::string>()) << "\" id=\"" << esc(g["anchor"].get<std::string>()) << "\"><b>"
+        << esc(g["severity"].get<std::string>()) << "</b> " << esc(g["headline"].get<std::string>())
+        << "<details><summary>Evidence: " << esc(g["cells"].size() == 1 ? g["cells"][0].get<std::string>() : std::to_string(g["cells"].size()) + " cells")
+        << "</summary>";
+    for (const auto& item : g["items"]) {
+      out << "<p>" << esc(item["text"].get<std::string>()) << "</p>";
+      const json rows = evidence_rows(item["evidence"]);
+      if (!rows.empty()) html_table(out, json{"figure", "value"}, rows);
+      out << "<details><summary>raw JSON</summary><code>" << esc(item["evidence"].dump()) << "</code></details>";
+    }
+    out << "</details></div>\n";
+  }
   std::string unfinished;
   for (const auto& c : report["cells"])
     if (c["status"] != "ok")
       unfinished += "<li><code>" + esc(c["name"].get<std::string>()) + "</code>: " + esc(c["status"].get<std::string>()) +
-                    ": " + esc(c.value("reason", "")) + "</li>";
-  if (!unfinished.empty()) out << "<h2>Cells that did not finish or were skipped</h2>\n<ul>" << unfinished << "</ul>\n";
+                    (shown_as_expected(report, c) ? " (expected)" : "") + ": " + esc(c.value("reason", "")) + "</li>";
+  if (!unfinished.empty()) out << "<h2 id=\"unfinished\">Cells that did not finish or were skipped</h2>\n<ul>" << unfinished << "</ul>\n";
 
   out << "<h2>Plots</h2>\n";
   out << chart_scripts(charts, chartjs, chartjs_path);
-  out << "</body></html>\n";
+  // The environment and the suite last: they are for whoever reproduces the run.
+  std::string gpus;
+  for (const auto& g : env.value("gpus", json::array())) gpus += (gpus.empty() ? "" : ", ") + g.value("name", std::string("?"));
+  auto plain = [](const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
+  out << "<h2 id=\"environment\">Environment</h2>\n<ul><li>host " << esc(env.value("host", "?")) << "; CPU "
+      << esc(plain(value_at(env, {"cpu", "model"}))) << ", " << esc(plain(value_at(env, {"cpu", "logical_cores"})))
+      << " logical cores</li><li>torch " << esc(plain(value_at(env, {"torch", "version"}))) << "; BLAS "
+      << esc(plain(value_at(env, {"blas", "name"}))) << "</li><li>GPUs: "
+      << esc(gpus.empty() ? plain(value_at(env, {"cuda", "status"})) : gpus) << "</li>";
+  for (const auto& w : env.value("warnings", json::array())) out << "<li class=\"warn\">" << esc(w.get<std::string>()) << "</li>";
+  out << "</ul>\n<h2 id=\"suite\">Suite</h2>\n<p>" << esc(report["suite"].value("description", "")) << "</p><ul>";
+  const json axes = report["suite"].value("axes", json::object());
+  for (const auto& [key, values] : axes.items()) {
+    std::string list;
+    for (const auto& v : values) list += (list.empty() ? "" : ", ") + plain(v);
+    out << "<li>axis <code>" << esc(key) << "</code>: " << esc(list) << "</li>";
+  }
+  out << "</ul>\n</body></html>\n";
   return out.str();
 }
 

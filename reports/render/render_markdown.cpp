@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "core/units.hpp"
-#include "reports/render.hpp"
+#include "reports/render/render.hpp"
 #include "reports/report.hpp"
 
 namespace trainscope::reports {
@@ -24,6 +24,13 @@ std::string md_escape(std::string s) {
     else out += c;
   }
   return out;
+}
+
+// A JSON scalar as text, without quotes.
+std::string value_text_plain(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_null()) return "-";
+  return v.dump();
 }
 
 void md_table(std::ostringstream& out, const json& columns, const json& rows) {
@@ -173,7 +180,7 @@ void pitfall_tables(const json& report, json& tables) {
     rows.push_back({"verdict", p.value("verdict", "")});
     const std::string state = p["reproduced"].is_boolean() ? (p["reproduced"].get<bool>() ? "reproduced" : "not reproduced")
                                                            : "not run";
-    tables.push_back({{"section", "Pitfalls: classic mistakes reproduced and diagnosed"},
+    tables.push_back({{"section", kPitfallsSection},
                       {"title", std::to_string(++index) + ". " + p.value("title", p.value("id", "?")) + " (" + state + ")"},
                       {"columns", {"", "what was measured"}},
                       {"rows", rows}});
@@ -329,22 +336,25 @@ std::string render_markdown(const json& report) {
   const json& env = report["env"];
   out << "# trainscope report: " << report["suite"].value("name", "?") << "\n\n";
   out << "Created " << report.value("created", "?") << " by trainscope " << report["trainscope"].value("version", "?")
-      << " (" << report["trainscope"].value("commit", "?") << "), schema `" << report.value("schema", "?") << "`.\n\n";
-  out << "## Environment\n\n";
-  out << "- host: " << env.value("host", "?") << "; CPU: " << value_at(env, {"cpu", "model"}).dump() << ", "
-      << value_at(env, {"cpu", "logical_cores"}).dump() << " logical cores; memory "
-      << text_or_dash(env.value("memory_bytes", json()), [](double x) { return format_bytes(x); }) << "\n";
-  out << "- torch " << value_at(env, {"torch", "version"}).dump() << " (CPU kernels: "
-      << value_at(env, {"torch", "cpu_capability"}).dump() << "); BLAS " << value_at(env, {"blas", "name"}).dump() << "\n";
-  std::string gpus;
-  for (const auto& g : env.value("gpus", json::array())) gpus += (gpus.empty() ? "" : ", ") + g.value("name", std::string("?"));
-  out << "- GPUs: " << (gpus.empty() ? value_at(env, {"cuda", "status"}).dump() : gpus) << "\n";
-  for (const auto& w : env.value("warnings", json::array())) out << "- warning: " << w.get<std::string>() << "\n";
-  out << "\n## Suite\n\n" << report["suite"].value("description", "") << "\n\n";
-  const json axes = report["suite"].value("axes", json::object());
-  for (const auto& [key, values] : axes.items())
-    out << "- axis `" << key << "`: " << values.dump() << "\n";
-  if (report["suite"].value("repeat", 1) > 1) out << "- each cell run " << report["suite"]["repeat"].get<int>() << " times\n";
+      << " (" << report["trainscope"].value("commit", "?") << ") on " << md_escape(machine_line(env)) << ".\n\n";
+  // The summary first: the decisions the run supports and what went wrong, each linked to its evidence.
+  const json digest = report_digest(report);
+  out << "## Summary\n\n";
+  if (digest["decisions"].empty()) out << "No decision to make from this run's cells.\n";
+  for (const auto& d : digest["decisions"])
+    out << "- **" << d["topic"].get<std::string>() << "**: " << md_escape(d["text"].get<std::string>()) << " ([evidence](#"
+        << d["anchor"].get<std::string>() << "))\n";
+  out << "\n**What went wrong**";
+  if (digest["problems"].empty())
+    out << ": nothing; " << digest["cells_ok"].get<int>() << " cell(s) ok.\n";
+  else {
+    out << "\n\n";
+    for (const auto& p : digest["problems"]) {
+      out << "- " << p["severity"].get<std::string>() << ": " << md_escape(p["text"].get<std::string>());
+      if (p["anchor"].is_string()) out << " ([details](#" << p["anchor"].get<std::string>() << "))";
+      out << "\n";
+    }
+  }
   out << "\n## Cells\n\n";
   const json table = cell_table(report);
   md_table(out, table["columns"], table["rows"]);
@@ -361,19 +371,51 @@ std::string render_markdown(const json& report) {
     }
     md_table(out, t["columns"], t["rows"]);
   }
+  // Recommendations said once per kind, two lines at most; the detail and the figures behind a fold.
   out << "\n## Recommendations\n\n";
-  if (report["recommendations"].empty()) out << "None.\n";
-  for (const auto& r : report["recommendations"]) {
-    out << "- **" << r.value("severity", "?") << "** " << md_escape(r.value("text", "")) << "  \n  evidence: `"
-        << r.value("evidence", json::object()).dump() << "`\n";
+  const json groups = recommendation_groups(report);
+  if (groups.empty()) out << "None.\n";
+  for (const auto& g : groups) {
+    out << "<a id=\"" << g["anchor"].get<std::string>() << "\"></a>\n**" << g["severity"].get<std::string>() << "** "
+        << md_escape(g["headline"].get<std::string>()) << "\n\n<details><summary>Evidence: " << md_escape(g["cells"].size() == 1 ? g["cells"][0].get<std::string>() : std::to_string(g["cells"].size()) + " cells")
+        << "</summary>\n\n";
+    for (const auto& item : g["items"]) {
+      out << md_escape(item["text"].get<std::string>()) << "\n\n";
+      const json rows = evidence_rows(item["evidence"]);
+      if (!rows.empty()) {
+        md_table(out, json{"figure", "value"}, rows);
+        out << "\n";
+      }
+    }
+    out << "</details>\n\n";
   }
   std::string unfinished;
   for (const auto& c : report["cells"]) {
     const std::string s = c["status"];
     if (s != "ok")
-      unfinished += "- `" + c["name"].get<std::string>() + "`: " + s + ": " + md_escape(c.value("reason", "")) + "\n";
+      unfinished += "- `" + c["name"].get<std::string>() + "`: " + s + (shown_as_expected(report, c) ? " (expected)" : "") + ": " +
+                    md_escape(c.value("reason", "")) + "\n";
   }
   if (!unfinished.empty()) out << "\n## Cells that did not finish or were skipped\n\n" << unfinished;
+  // The environment and the suite last: they are for whoever reproduces the run.
+  out << "\n## Environment\n\n";
+  out << "- host: " << env.value("host", "?") << "; CPU: " << value_text_plain(value_at(env, {"cpu", "model"})) << ", "
+      << value_text_plain(value_at(env, {"cpu", "logical_cores"})) << " logical cores; memory "
+      << text_or_dash(env.value("memory_bytes", json()), [](double x) { return format_bytes(x); }) << "\n";
+  out << "- torch " << value_text_plain(value_at(env, {"torch", "version"})) << " (CPU kernels: "
+      << value_text_plain(value_at(env, {"torch", "cpu_capability"})) << "); BLAS " << value_text_plain(value_at(env, {"blas", "name"})) << "\n";
+  std::string gpus;
+  for (const auto& g : env.value("gpus", json::array())) gpus += (gpus.empty() ? "" : ", ") + g.value("name", std::string("?"));
+  out << "- GPUs: " << (gpus.empty() ? value_text_plain(value_at(env, {"cuda", "status"})) : gpus) << "\n";
+  for (const auto& w : env.value("warnings", json::array())) out << "- warning: " << w.get<std::string>() << "\n";
+  out << "\n## Suite\n\n" << report["suite"].value("description", "") << "\n\n";
+  const json axes = report["suite"].value("axes", json::object());
+  for (const auto& [key, values] : axes.items()) {
+    std::string list;
+    for (const auto& v : values) list += (list.empty() ? "" : ", ") + value_text_plain(v);
+    out << "- axis `" << key << "`: " << list << "\n";
+  }
+  if (report["suite"].value("repeat", 1) > 1) out << "- each cell run " << report["suite"]["repeat"].get<int>() << " times\n";
   return out.str();
 }
 

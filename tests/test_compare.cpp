@@ -384,9 +384,7 @@ TEST(History, CliFlagsThePlantedStepAndSkipsAnUnreadableReport) {
   const auto stepped = noisy_series(24, 15, 0.10, 5), flat = noisy_series(24, 24, 0, 6);
   for (size_t i = 0; i < stepped.size(); ++i) {
     json r = report_of({cell("stepped", {stepped[i]}, 1000, 1.0), cell("flat", {flat[i]}, 1000, 1.0)});
-    char created[32];
-    std::snprintf(created, sizeof created, "2026-11-%02zuT00:00:00Z", i + 1);
-    r["created"] = created;
+    r["created"] = "2026-11-" + std::string(i + 1 < 10 ? "0" : "") + std::to_string(i + 1) + "T00:00:00Z";
     r["trainscope"] = {{"version", "0.0.0"}, {"commit", "c" + std::to_string(i)}};
     r["suite"] = {{"name", "gate"}};
     sh("mkdir -p " + dir + "/run" + std::to_string(i));

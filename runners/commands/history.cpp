@@ -41,6 +41,11 @@ std::string format_value(double v, const std::string& metric) {
 
 double median(std::vector<double> v) { return summarize(std::move(v)).p50; }
 
+Stored stored_of(const std::string& path, const json& r) {
+  const json commit = value_at(r, {"trainscope", "commit"});
+  return {path, r["created"], commit.is_string() ? commit.get<std::string>() : "", r};
+}
+
 }  // namespace
 
 int history_command(const HistoryArgs& a) {
@@ -62,15 +67,14 @@ int history_command(const HistoryArgs& a) {
     if (!fs::exists(p)) throw UsageError("history: " + p + ": no such file or folder");
     if (!fs::is_directory(p) || fs::exists(fs::path(p) / "report.json")) {
       const json r = reports::read_report(p);
-      stored.push_back({p, r["created"], value_at(r, {"trainscope", "commit"}).is_string() ? r["trainscope"]["commit"].get<std::string>() : "", r});
+      stored.push_back(stored_of(p, r));
       continue;
     }
     for (const auto& e : fs::recursive_directory_iterator(p, fs::directory_options::skip_permission_denied)) {
       if (!e.is_regular_file() || e.path().filename() != "report.json") continue;
       try {
         const json r = reports::read_report(e.path().string());
-        stored.push_back({e.path().parent_path().string(), r["created"],
-                          value_at(r, {"trainscope", "commit"}).is_string() ? r["trainscope"]["commit"].get<std::string>() : "", r});
+        stored.push_back(stored_of(e.path().parent_path().string(), r));
       } catch (const std::exception& ex) {
         std::cerr << "history: skipped " << e.path().string() << ": " << ex.what() << "\n";
         ++skipped;

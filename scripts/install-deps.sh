@@ -78,8 +78,18 @@ else
   echo "install-deps: installing the reference packages: $(grep -v '^#' "$pins" | tr '\n' ' ')"
   constraints=$(mktemp)
   "$venv/bin/pip" freeze --disable-pip-version-check | grep -Ei '^(torch|numpy)==' > "$constraints"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir -c "$constraints" -r "$pins"
+  start=$(date +%s)
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir -c "$constraints" wheel==0.45.1
+  DS_BUILD_OPS=0 "$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir --no-build-isolation \
+    -c "$constraints" -r "$pins"
   rm -f "$constraints"
+  # DeepSpeed compiles a small CPU op (its shared-memory all-reduce) the first time a process group
+  # starts, about a minute: build it once here, into the environment, so no test pays for it.
+  if grep -q '^deepspeed==' "$pins"; then
+    TORCH_EXTENSIONS_DIR="$venv/torch-extensions" "$venv/bin/python" -c \
+      'from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load()' >/dev/null
+  fi
+  echo "install-deps: reference packages installed in $(( $(date +%s) - start )) s"
   "$venv/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '$pin', torch.__version__"
   cp "$pins" "$marker"
 fi

@@ -23,6 +23,10 @@ TEST(Gate, AbCatchesAnInjectedSlowdownAndPassesAnAaRun) {
   EXPECT_EQ(s["verdict"], "regression");
   EXPECT_GT(s["cells"][0]["effect"].get<double>(), 0.05);
   EXPECT_EQ(s["blocks"], 8);
+  // The decision uses the fastest step per side; the medians' ratio rides along, one per block too.
+  EXPECT_EQ(s["cells"][0]["log_ratios"].size(), 8u);
+  EXPECT_EQ(s["cells"][0]["p50_log_ratios"].size(), 8u);
+  EXPECT_NE(s.value("design", "").find("fastest step"), std::string::npos);
   const Result same = ts(args + " --out " + tmp("ab_same"));
   EXPECT_NE(same.code, 1) << same.out;
   EXPECT_TRUE(same.code == 0 || same.code == 3) << same.out;

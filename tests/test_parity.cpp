@@ -4,6 +4,7 @@
 // reduction is a + b and a halving, exact in floating point, so DDP and ZeRO are exact too.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include "cli_support.hpp"
@@ -53,15 +54,17 @@ json* Parity::report_ = nullptr;
 TEST_F(Parity, EveryRowPassesAndTheReportValidates) {
   ASSERT_EQ(result_->code, 0) << result_->out;
   ASSERT_TRUE(report_->contains("parity"));
-  EXPECT_EQ((*report_)["parity"]["cells"], 16);
+  EXPECT_EQ((*report_)["parity"]["cells"], 18);
   // Rows whose reference package is missing are skipped with the reason (none where the set-up ran).
-  EXPECT_EQ((*report_)["parity"]["pass"].get<int>() + (*report_)["parity"].value("skipped", 0), 16);
+  EXPECT_EQ((*report_)["parity"]["pass"].get<int>() + (*report_)["parity"].value("skipped", 0), 18);
   const Result v = validate_report(*out_ + "/report.json");
   EXPECT_EQ(v.code, 0) << v.out;
   std::ifstream md(*out_ + "/report.md");
   const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
-  EXPECT_NE(text.find("## Parity with PyTorch: every comparison"), std::string::npos);
+  EXPECT_NE(text.find("## Parity: every comparison"), std::string::npos);
   EXPECT_NE(text.find("| gpt-tiny/zero3 | all-gather bytes per step (rank 0) |"), std::string::npos);
+  EXPECT_NE(text.find("| gpt-tiny/zero3 (deepspeed) | parameters after 23 steps |"), std::string::npos);
+  EXPECT_NE(text.find("## The ZeRO engines side by side"), std::string::npos);
   expect_reports_for_people(*out_);
 }
 
@@ -105,6 +108,96 @@ TEST_F(Parity, Zero3CommunicationDiffersFromFsdp2ByTheRootUnitOnly) {
   EXPECT_EQ(check("gpt-tiny/zero3", "reduce-scatter bytes per step")["verdict"], "exact");
   EXPECT_EQ(check("gpt-tiny/zero2", "all-gather bytes per step")["verdict"], "exact");
   EXPECT_EQ(check("gpt-tiny/zero2", "reduce-scatter bytes per step")["verdict"], "exact");
+}
+
+// DeepSpeed's ZeRO engine (stages 1-3, torch SGD, gradient_clipping 0.0, the cell's bucket cap) on the
+// same weights and batches: parameters and losses bit for bit (2 ranks: each reduction is a + b and a
+// halving, exact whichever side divides first); every byte that differs is one of DeepSpeed's designs.
+TEST_F(Parity, DeepSpeedZeroMatchesBitForBitAndDiffersOnlyByItsDesign) {
+  for (const char* cell : {"gpt-tiny/zero1", "gpt-tiny/zero2", "gpt-tiny/zero3"}) {
+    const json engines = row(cell).value("engines", json::array());
+    ASSERT_EQ(engines.size(), 1u) << cell;
+    const json& ds = engines[0];
+    EXPECT_EQ(ds["engine"], "deepspeed");
+    if (ds.value("verdict", "") == "skipped") GTEST_SKIP() << ds.value("reason", "");
+    EXPECT_EQ(ds["verdict"], "pass") << cell << ": " << ds.dump();
+    auto named = [&](const std::string& prefix) {
+      for (const auto& k : ds["checks"])
+        if (k.value("name", "").rfind(prefix, 0) == 0) return k;
+      ADD_FAILURE() << cell << ": no DeepSpeed check '" << prefix << "'";
+      return json::object();
+    };
+    EXPECT_EQ(named("parameters after 23 steps")["verdict"], "exact") << cell;
+    EXPECT_EQ(named("loss at each of 23 steps")["verdict"], "exact") << cell;
+    EXPECT_EQ(named("rank 0 optimizer bytes")["verdict"], "exact") << cell;
+    EXPECT_EQ(named("rank 0 params bytes")["verdict"], "exact") << cell;
+    // DeepSpeed's fp32 master partition (4Ψ/N) and its freed gradients are the stated designs, to the byte.
+    const json master = named("rank 1 fp32 master partition bytes");
+    EXPECT_EQ(master["verdict"], "design-difference") << cell;
+    EXPECT_EQ(master["pytorch"].get<double>(), named("rank 1 optimizer bytes")["pytorch"].get<double>()) << cell;
+    EXPECT_EQ(named("rank 0 grads bytes")["verdict"], "design-difference") << cell;
+    EXPECT_EQ(named("rank 0 grads bytes")["pytorch"], 0) << cell;
+  }
+  // Stage 2 all-reduces what trainscope reduce-scatters; stage 3 gathers the root again for backward.
+  const json z2 = row("gpt-tiny/zero2")["engines"][0]["checks"];
+  const json z3 = row("gpt-tiny/zero3")["engines"][0]["checks"];
+  for (const auto& k : z2)
+    if (k["name"] == "all-reduce bytes per step (rank 0)") EXPECT_EQ(k["verdict"], "design-difference") << k.dump();
+  for (const auto& k : z3)
+    if (k["name"] == "reduce-scatter bytes per step (rank 0)") EXPECT_EQ(k["verdict"], "exact") << k.dump();
+  // The engines side by side: trainscope, FSDP2 and DeepSpeed on zero3, with the same model state at
+  // rest (Ψ/N each of parameters, optimizer state and gradients or DeepSpeed's master copy).
+  const json table = row("gpt-tiny/zero3")["engines_table"];
+  ASSERT_EQ(table.size(), 3u) << table.dump();
+  for (const auto& r : table) {
+    EXPECT_GT(r["step_time_p50_s"].get<double>(), 0) << r.dump();
+    EXPECT_EQ(r["model_state_bytes"], table[0]["model_state_bytes"]) << r.dump();
+  }
+}
+
+// Lightning's Trainer(accelerator="cpu", devices=2, strategy="ddp") in 32-true and bf16-mixed: its DDP
+// runs PyTorch's reducer and its bf16-mixed is torch.autocast("cpu", bfloat16), the same kernels as
+// trainscope's, so the parameters and losses are bit for bit.
+TEST_F(Parity, LightningDdpMatchesBitForBitIn32TrueAndBf16Mixed) {
+  for (const char* cell : {"gpt-tiny/ddp", "gpt-tiny/ddp/bf16-mixed"}) {
+    const json engines = row(cell).value("engines", json::array());
+    ASSERT_EQ(engines.size(), 1u) << cell;
+    const json& l = engines[0];
+    EXPECT_EQ(l["engine"], "lightning");
+    if (l.value("verdict", "") == "skipped") GTEST_SKIP() << l.value("reason", "");
+    EXPECT_EQ(l["verdict"], "pass") << cell << ": " << l.dump();
+    ASSERT_EQ(l["checks"].size(), 2u) << l.dump();
+    for (const auto& k : l["checks"]) EXPECT_EQ(k["verdict"], "exact") << cell << ": " << k.dump();
+    EXPECT_EQ(l["resolved"]["strategy"], "DDPStrategy");
+    EXPECT_EQ(l["resolved"]["backend"], "gloo");
+    EXPECT_EQ(l["resolved"]["precision"], std::string(cell).find("bf16") != std::string::npos ? "MixedPrecision" : "Precision");
+    const std::string auto_accelerator = l["auto_resolves_to"].value("accelerator", "");
+    EXPECT_TRUE(auto_accelerator == "CPUAccelerator" || auto_accelerator == "CUDAAccelerator") << auto_accelerator;
+    EXPECT_NE(l.value("reference", "").find("accelerator='auto' resolves to " + auto_accelerator), std::string::npos);
+  }
+  // PyTorch's own DDP under autocast is bit for bit too.
+  EXPECT_EQ(check("gpt-tiny/ddp/bf16-mixed", "parameters after 23 steps")["verdict"], "exact");
+}
+
+// The SSL objectives on the same fixed tensors against lightly's losses (and the MAE authors'
+// forward_loss): values and gradients exact or within the rounding bound of summing in another order,
+// which each check states; NT-Xent also as both ranks of 2 see a gathered batch, DINO's centre too.
+TEST_F(Parity, SslLossesMatchLightlyOnTheSameTensors) {
+  const json& r = row("ssl/losses");
+  if (r.value("verdict", "") == "skipped") GTEST_SKIP() << r.value("reason", "");
+  EXPECT_EQ(r["verdict"], "pass") << r.dump();
+  EXPECT_EQ(r["technique"], "ssl-losses");
+  for (const char* name : {"NT-Xent loss (lightly", "NT-Xent gradients", "NT-Xent loss on 2 ranks' gathered batch, rank 0",
+                           "NT-Xent loss on 2 ranks' gathered batch, rank 1", "BYOL loss", "BYOL gradients", "DINO loss",
+                           "DINO gradients", "DINO centre after the step", "MAE loss (the MAE authors'", "MAE gradients",
+                           "MAE loss (lightly's examples"}) {
+    const json k = check("ssl/losses", name);
+    const std::string v = k.value("verdict", "");
+    EXPECT_TRUE(v == "exact" || v == "within") << name << ": " << k.dump();
+    // A loss's tolerance, where one was needed, is a rounding bound: far below the loss itself.
+    if (v == "within" && k["trainscope"].is_number())
+      EXPECT_LT(k["tolerance"].get<double>(), 1e-3 * std::abs(k["trainscope"].get<double>())) << name;
+  }
 }
 
 TEST_F(Parity, CheckpointingReproducesPyTorchsGradientsWithDropout) {

@@ -72,11 +72,10 @@ std::string compact(const json& v) {
 }
 
 void parity_tables(const json& report, json& tables) {
-  json summary = json::array(), details = json::array();
-  for (const auto& c : report["cells"]) {
-    if (!c.contains("parity")) continue;
-    const json& p = c["parity"];
-    const std::string name = c["name"];
+  json summary = json::array(), details = json::array(), engines = json::array();
+  auto seconds = [](const json& v) { return text_or_dash(v, [](double x) { return format_seconds(x); }); };
+  // One summary row and its comparisons per reference: PyTorch's, then each other system's (`engines`).
+  auto add = [&](const std::string& name, const json& p) {
     for (const auto& k : p.value("checks", json::array())) {
       const std::string v = k.value("verdict", "");
       std::string note = k.value("note", "");
@@ -90,17 +89,36 @@ void parity_tables(const json& report, json& tables) {
     summary.push_back({name, p.value("reference", p.value("reason", "-")), p.value("verdict", "?"),
                        std::to_string(n.exact) + " / " + std::to_string(n.within) + " / " + std::to_string(n.design) +
                            " / " + std::to_string(n.differs),
-                       text_or_dash(t.value("trainscope", json()), [](double x) { return format_seconds(x); }),
-                       text_or_dash(t.value("pytorch", json()), [](double x) { return format_seconds(x); }),
+                       seconds(t.value("trainscope", json())), seconds(t.value("pytorch", json())),
                        text_or_dash(t.value("ratio", json()), [](double x) { return format_fixed(x, 2) + "x"; })});
+  };
+  for (const auto& c : report["cells"]) {
+    if (!c.contains("parity")) continue;
+    const std::string name = c["name"];
+    add(name, c["parity"]);
+    for (const auto& e : c["parity"].value("engines", json::array())) {
+      json shown = e;
+      if (e.value("verdict", "") == "skipped") shown["reference"] = e.value("engine", "?") + ": skipped, " + e.value("reason", "");
+      add(name + " (" + e.value("engine", "?") + ")", shown);
+    }
+    auto bytes = [](const json& v) { return text_or_dash(v, [](double x) { return format_bytes(x); }); };
+    for (const auto& r : c["parity"].value("engines_table", json::array()))
+      engines.push_back({name, r.value("engine", "?"), seconds(r.value("step_time_p50_s", json())),
+                         bytes(r.value("model_state_bytes", json())), bytes(r.value("peak_above_start_bytes", json())),
+                         bytes(r.value("comm_bytes_per_step", json()))});
   }
   if (summary.empty()) return;
-  tables.push_back({{"title", "Parity with PyTorch: each technique against PyTorch's own implementation"},
-                    {"columns", {"cell", "PyTorch reference", "verdict", "exact / within / design / differs",
-                                 "step p50 trainscope", "step p50 PyTorch", "trainscope / PyTorch"}},
+  tables.push_back({{"title", "Parity: each technique against PyTorch's own implementation and the systems the field uses"},
+                    {"columns", {"cell (reference)", "reference", "verdict", "exact / within / design / differs",
+                                 "step p50 trainscope", "step p50 reference", "trainscope / reference"}},
                     {"rows", summary}});
-  tables.push_back({{"title", "Parity with PyTorch: every comparison"},
-                    {"columns", {"cell", "compared", "trainscope", "PyTorch", "difference", "verdict", "why"}},
+  if (!engines.empty())
+    tables.push_back({{"title", "The ZeRO engines side by side (rank 0; the same model, batches and machine)"},
+                      {"columns", {"cell", "engine", "step p50", "model state at rest", "peak during a step above the start",
+                                   "bytes communicated per step"}},
+                      {"rows", engines}});
+  tables.push_back({{"title", "Parity: every comparison"},
+                    {"columns", {"cell (reference)", "compared", "trainscope", "reference", "difference", "verdict", "why"}},
                     {"rows", details}});
 }
 

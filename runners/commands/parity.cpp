@@ -117,6 +117,14 @@ int parity_command(ParityOptions o) {
     std::printf("  %-24s %-8s %2d exact, %d within, %d design, %d differ; step time vs PyTorch %s%s\n",
                 cell["name"].get<std::string>().c_str(), row.value("verdict", "?").c_str(), n.exact, n.within, n.design,
                 n.differs, ratio.c_str(), row.contains("reason") ? ("  (" + row.value("reason", "") + ")").c_str() : "");
+    for (const auto& e : row.value("engines", json::array())) {
+      const reports::ParityCounts m = reports::parity_counts(e);
+      std::string r = "-";
+      if (const json v = reports::value_at(e, {"step_time_s", "ratio"}); v.is_number()) r = format_fixed(v.get<double>(), 2) + "x";
+      std::printf("    %-22s %-8s %2d exact, %d within, %d design, %d differ; step time vs it %s%s\n",
+                  ("against " + e.value("engine", "?")).c_str(), e.value("verdict", "?").c_str(), m.exact, m.within, m.design,
+                  m.differs, r.c_str(), e.contains("reason") ? ("  (" + e.value("reason", "") + ")").c_str() : "");
+    }
   }
   std::printf("parity: %d of %d cells pass against torch %s%s; report: %s\n", p.value("pass", 0), p.value("cells", 0),
               p.value("torch", "?").c_str(),

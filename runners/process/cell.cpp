@@ -22,6 +22,7 @@
 #include "suites/parallel/comm.hpp"
 #include "suites/hardware/measure.hpp"
 #include "suites/ssl/evaluate.hpp"
+#include "suites/ssl/methods.hpp"
 #include "suites/train.hpp"
 
 #ifdef TRAINSCOPE_TORCH_CUDA
@@ -136,8 +137,10 @@ c10::impl::GenericDict named_dict(const std::vector<std::pair<std::string, torch
 // In Python's torch.save format (torch.load reads it with weights_only=True).
 void write_parity_dump(const std::string& path, const suites::ParityRecord& rec,
                        const std::vector<std::pair<std::string, torch::Tensor>>& final_params,
-                       const std::vector<double>& step_losses) {
+                       const std::vector<double>& step_losses,
+                       const std::vector<std::pair<std::string, torch::Tensor>>& ssl_losses) {
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  if (!ssl_losses.empty()) d.insert("ssl_losses", named_dict(ssl_losses));
   d.insert("initial", named_dict(rec.initial));
   d.insert("final", named_dict(final_params));
   d.insert("first_grads", named_dict(rec.first_grads));
@@ -414,7 +417,9 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
       for (const auto& item : trainer.model().named_parameters())
         final_params.emplace_back(item.key(), item.value().detach().to(torch::kCPU).clone());
       if (const suites::ParityRecord* rec = trainer.parity()) {
-        write_parity_dump(parity_dump_path(result_path), *rec, final_params, outcome.step_losses);
+        // An SSL cell also carries its objectives on fixed tensors, for the lightly rows.
+        write_parity_dump(parity_dump_path(result_path), *rec, final_params, outcome.step_losses,
+                          trainer.objective() ? suites::ssl::loss_probe(config) : decltype(final_params){});
         cell["parity_dump"] = std::filesystem::path(parity_dump_path(result_path)).filename().string();
       }
     }

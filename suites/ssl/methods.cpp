@@ -48,6 +48,65 @@ torch::Tensor dino_loss(const std::vector<torch::Tensor>& student, const std::ve
   return total / static_cast<double>(terms);
 }
 
+torch::Tensor dino_center_update(const torch::Tensor& center, const torch::Tensor& batch_center, double momentum) {
+  return center * momentum + batch_center * (1 - momentum);
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> loss_probe(const RunConfig& config) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(config.seed));
+  const auto randn = [&](std::initializer_list<int64_t> shape) {
+    return torch::randn(shape, gen, torch::TensorOptions().dtype(torch::kFloat)).requires_grad_(true);
+  };
+  const auto scalar = [](double v) { return torch::tensor(v, torch::kDouble); };
+  const auto grad = [](const torch::Tensor& t) { return t.grad().detach().clone(); };
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  const int64_t N = 8, D = 16;
+  {  // SimCLR: one process, then rank 0 and rank 1 of 2 on the gathered batch (values only)
+    const torch::Tensor z1 = randn({N, D}), z2 = randn({N, D});
+    const torch::Tensor l = nt_xent(z1, z2, config.ssl_temperature);
+    l.backward();
+    out.insert(out.end(), {{"simclr.z1", z1.detach()}, {"simclr.z2", z2.detach()}, {"simclr.temperature", scalar(config.ssl_temperature)},
+                           {"simclr.loss", l.detach()}, {"simclr.grad_z1", grad(z1)}, {"simclr.grad_z2", grad(z2)}});
+    const torch::Tensor o1 = randn({N, D}).detach(), o2 = randn({N, D}).detach();  // rank 1's views
+    const torch::Tensor all1 = torch::cat({z1.detach(), o1}), all2 = torch::cat({z2.detach(), o2});
+    out.insert(out.end(), {{"simclr.rank1_z1", o1}, {"simclr.rank1_z2", o2},
+                           {"simclr.gathered_loss_rank0", nt_xent(z1.detach(), z2.detach(), config.ssl_temperature, all1, all2, 0)},
+                           {"simclr.gathered_loss_rank1", nt_xent(o1, o2, config.ssl_temperature, all1, all2, N)}});
+  }
+  {  // BYOL: both directions summed, as the objective does
+    const torch::Tensor p0 = randn({N, D}), p1 = randn({N, D}), z0 = randn({N, D}).detach(), z1 = randn({N, D}).detach();
+    const torch::Tensor l = byol_loss(p0, z1) + byol_loss(p1, z0);
+    l.backward();
+    out.insert(out.end(), {{"byol.p0", p0.detach()}, {"byol.p1", p1.detach()}, {"byol.z0", z0}, {"byol.z1", z1},
+                           {"byol.loss", l.detach()}, {"byol.grad_p0", grad(p0)}, {"byol.grad_p1", grad(p1)}});
+  }
+  {  // DINO: two views each side, 32 prototypes, a centre that is not zero
+    const int64_t K = 32;
+    const torch::Tensor s0 = randn({N, K}), s1 = randn({N, K});
+    const torch::Tensor t0 = randn({N, K}).detach(), t1 = randn({N, K}).detach(), center = 0.1 * randn({1, K}).detach();
+    const torch::Tensor l = dino_loss({s0, s1}, {t0, t1}, center, config.dino_student_temp, config.dino_teacher_temp);
+    l.backward();
+    const torch::Tensor after = dino_center_update(center, torch::cat({t0, t1}).mean(0, /*keepdim=*/true), config.dino_center_momentum);
+    out.insert(out.end(), {{"dino.s0", s0.detach()}, {"dino.s1", s1.detach()}, {"dino.t0", t0}, {"dino.t1", t1},
+                           {"dino.center", center}, {"dino.student_temp", scalar(config.dino_student_temp)},
+                           {"dino.teacher_temp", scalar(config.dino_teacher_temp)},
+                           {"dino.center_momentum", scalar(config.dino_center_momentum)}, {"dino.loss", l.detach()},
+                           {"dino.grad_s0", grad(s0)}, {"dino.grad_s1", grad(s1)}, {"dino.center_after", after}});
+  }
+  {  // MAE: 16 patches of 48 values, the config's mask ratio hidden (1 = hidden)
+    const int64_t L = 16, P = 48, hidden = static_cast<int64_t>(static_cast<double>(L) * config.mask_ratio);
+    const torch::Tensor pred = randn({N, L, P}), target = randn({N, L, P}).detach();
+    const torch::Tensor order = torch::rand({N, L}, gen).argsort(/*dim=*/int64_t{1});
+    const torch::Tensor mask = (order < hidden).to(torch::kFloat);
+    const torch::Tensor l = mae_loss(pred, target, mask, config.norm_pix);
+    l.backward();
+    out.insert(out.end(), {{"mae.pred", pred.detach()}, {"mae.target", target}, {"mae.mask", mask},
+                           {"mae.norm_pix", scalar(config.norm_pix ? 1.0 : 0.0)}, {"mae.loss", l.detach()},
+                           {"mae.grad_pred", grad(pred)}});
+  }
+  return out;
+}
+
 torch::Tensor mae_loss(const torch::Tensor& pred, const torch::Tensor& target, const torch::Tensor& mask, bool norm_pix) {
   torch::Tensor t = target.to(torch::kFloat);
   if (norm_pix) {
@@ -370,7 +429,7 @@ class Dino : public WithTeacher {
     // The centre moves after the loss, with the teacher outputs of the global batch.
     torch::Tensor batch_center = t_all.mean(0, /*keepdim=*/true).contiguous();
     if (ctx_.comm && ctx_.world > 1) ctx_.comm->all_reduce(batch_center, /*average=*/true);
-    center_ = center_ * config_.dino_center_momentum + batch_center * (1 - config_.dino_center_momentum);
+    center_ = dino_center_update(center_, batch_center, config_.dino_center_momentum);
     ++step_;
     return l;
   }

@@ -34,6 +34,15 @@ torch::Tensor dino_loss(const std::vector<torch::Tensor>& student, const std::ve
 // MAE: mean squared error per patch, averaged over the masked patches only (mask 1 = hidden);
 // norm_pix standardises each target patch by its own mean and (unbiased) variance first.
 torch::Tensor mae_loss(const torch::Tensor& pred, const torch::Tensor& target, const torch::Tensor& mask, bool norm_pix);
+// DINO's centre after a step: the EMA of the teacher outputs' mean over the global batch (batch_center,
+// already averaged over the ranks).
+torch::Tensor dino_center_update(const torch::Tensor& center, const torch::Tensor& batch_center, double momentum);
+// The four objectives on fixed tensors drawn from the config's seed, for `trainscope parity` (the
+// Python side recomputes them with lightly on the same tensors): per method its inputs, the loss as
+// the objective computes it, the gradients of the loss with respect to the trained inputs, and the
+// settings it used; NT-Xent also as 2 ranks see it on a gathered batch, DINO also the centre after the
+// step. Names are "<method>.<what>".
+std::vector<std::pair<std::string, torch::Tensor>> loss_probe(const RunConfig& config);
 // BYOL's target schedule: tau_k = 1 - (1 - base)(cos(pi k / K) + 1) / 2, from base at k = 0 to 1 at K.
 double ema_momentum(double base, int64_t step, int64_t total);
 

@@ -14,7 +14,11 @@ Memory is counted the way trainscope counts it: `--accounting` is trainscope's a
 live in CPU tensor storage counted by the same code; model-state bytes are the unique storages behind
 the parameters, gradients and optimizer states (local shards where sharded).
 
-Only the wheel's torch is used. Exit status: 0 when every comparison passes, 1 when one differs, 2 on
+Zero and ddp cells get one more row each from the systems people name (`engines`): DeepSpeed's ZeRO
+engine (deepspeed_ref.py) and Lightning's Trainer (lightning_ref.py); a row whose package is missing is
+skipped with one line.
+
+Only the wheel's torch is used (and the reference packages installed into its environment). Exit status: 0 when every comparison passes, 1 when one differs, 2 on
 bad input (one line on stderr).
 """
 import argparse
@@ -41,6 +45,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import blocks_of, make_model, CheckpointPolicy, PRESETS  # noqa: E402
 import hf_llama  # noqa: E402
+import deepspeed_ref  # noqa: E402
+import lightning_ref  # noqa: E402
+import ssl_ref  # noqa: E402
 
 
 def is_llama(cell):
@@ -246,6 +253,7 @@ def train(cell, dump, strategy, rank=0, world=1, accounting=None):
     batch = inputs.shape[1] // world
     acc = accounting or Accounting(None)
     times, losses, activation, first_grads = [], [], 0, None
+    run_start, run_peak = acc.current(), 0
     for s in range(total):
         x = inputs[s].narrow(0, rank * batch, batch).contiguous()
         y = targets[s].narrow(0, rank * batch, batch).contiguous()
@@ -266,6 +274,8 @@ def train(cell, dump, strategy, rank=0, world=1, accounting=None):
             first_grads = {k: p.grad.detach().clone() for k, p in trainscope_parameters(model) if p.grad is not None}
         opt.step()
         elapsed = time.perf_counter() - t0
+        if start is not None:
+            run_peak = max(run_peak, acc.peak() - run_start)
         recording[0] = False
         if s >= warmup:
             times.append(elapsed)
@@ -281,7 +291,8 @@ def train(cell, dump, strategy, rank=0, world=1, accounting=None):
     return {"final": final, "losses": loss_t.tolist(), "first_grads": first_grads, "dtypes": dtypes,
             "step_time_p50_s": statistics.median(times) if times else None, "activation_bytes": activation
             if acc.lib else None, "model_state": state,
-            "comm_bytes_per_step": comm.per_step(total - warmup) if comm else None}
+            "comm_bytes_per_step": comm.per_step(total - warmup) if comm else None,
+            "peak_above_start_bytes": run_peak if acc.lib else None}
 
 
 def model_state(wrapped, opt, strategy):
@@ -300,7 +311,7 @@ class CommCounter:
     probe records them. DDP's reducer calls the process group from C++, out of this counter's sight."""
 
     def __init__(self):
-        self.measuring, self.bytes = False, {}
+        self.measuring, self.bytes, self.calls = False, {}, {}
         for op, arg in (("all_gather_into_tensor", "output_tensor"), ("reduce_scatter_tensor", "input"),
                         ("all_reduce", "tensor"), ("broadcast", "tensor")):
             self._wrap(op, arg)
@@ -315,6 +326,8 @@ class CommCounter:
             if self.measuring:
                 t = signature.bind(*args, **kwargs).arguments[arg]
                 self.bytes[name] = self.bytes.get(name, 0) + t.numel() * t.element_size()
+                key = f"{name} {t.numel()} x {str(t.dtype).replace('torch.', '')}"
+                self.calls[key] = self.calls.get(key, 0) + 1
             return real(*args, **kwargs)
 
         setattr(dist, op, counted)
@@ -345,22 +358,27 @@ def _rank_main(rank, world, cell, dump_path, strategy, lib, out_dir):
         dist.destroy_process_group()
 
 
-def train_ranks(cell, dump_path, strategy, world, lib):
-    """The reference on `world` local ranks over Gloo. One retry: Gloo on a loaded 2-core machine has
-    aborted a rank at start-up now and then ("terminate called without an active exception"); the
-    row says when its reference needed the retry."""
+def spawn_ranks(main, args_for, world, name):
+    """`main(rank, *args_for(tmp))` on `world` local processes; each leaves rank<r>.pt in tmp, returned
+    in rank order. One retry: Gloo on a loaded 2-core machine has aborted a rank at start-up now and
+    then ("terminate called without an active exception"); runs[0]["attempts"] says when it was needed."""
     for attempt in (1, 2):
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                mp.spawn(_rank_main, args=(world, cell, str(dump_path), strategy, lib, tmp), nprocs=world)
+                mp.spawn(main, args=args_for(tmp), nprocs=world)
             except mp.ProcessExitedException as e:
                 if attempt == 2:
                     raise
-                print(f"{cell['name']}: reference rank died ({e}); retrying once", file=sys.stderr, flush=True)
+                print(f"{name}: reference rank died ({e}); retrying once", file=sys.stderr, flush=True)
                 continue
             runs = [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=True) for r in range(world)]
             runs[0]["attempts"] = attempt
             return runs
+
+
+def train_ranks(cell, dump_path, strategy, world, lib):
+    """The reference on `world` local ranks over Gloo."""
+    return spawn_ranks(_rank_main, lambda tmp: (world, cell, str(dump_path), strategy, lib, tmp), world, cell["name"])
 
 
 # ---- the rows of the parity table -----------------------------------------------------------------
@@ -373,10 +391,13 @@ REFERENCES = {
     "checkpoint": "torch.utils.checkpoint(use_reentrant=False, preserve_rng_state=True) per checkpointed block",
     "scaler": "torch.amp.GradScaler('cpu') driven through trainscope's inf/NaN pattern",
     "bf16-mixed": "torch.autocast('cpu', dtype=torch.bfloat16)",
+    "ssl": "lightly's SSL losses on the same tensors",
 }
 
 
 def kind_of(cfg):
+    if cfg.get("method", "supervised") != "supervised":
+        return "ssl"
     if cfg.get("precision") in ("16-mixed",):
         return "scaler"
     if cfg.get("parallel", "single") != "single":
@@ -394,7 +415,8 @@ def compare_training(cell, dump, runs, kind):
     steps = dump["inputs"].shape[0]
     checks = []
     ours_final = dict(dump["final"])
-    if kind == "bf16-mixed":
+    bf16 = cell["config"].get("precision") == "bf16-mixed"
+    if bf16:
         # Both sides run the same autocast kernels; where they agree to the bit the tolerance is moot. It
         # is one bf16 rounding (2^-8 relative) of an update of size lr*|g| per step, summed over K steps.
         tol = steps * float(cell["config"].get("lr", 1e-3)) * 2.0 ** -8
@@ -403,7 +425,7 @@ def compare_training(cell, dump, runs, kind):
         tol, why = 0.0, None
     checks.append(tensor_check(f"parameters after {steps} steps", ours_final, r0["final"], tol, why))
     ours_losses = dump["step_losses"].tolist()
-    loss_tol = 0.0 if kind != "bf16-mixed" else 2.0 ** -7 * max(abs(v) for v in ours_losses)
+    loss_tol = 2.0 ** -7 * max(abs(v) for v in ours_losses) if bf16 else 0.0
     diff = max(abs(a - b) for a, b in zip(ours_losses, r0["losses"])) if len(ours_losses) == len(r0["losses"]) else None
     row = {"name": f"loss at each of {steps} steps", "trainscope": [round(v, 6) for v in ours_losses],
            "pytorch": [round(v, 6) for v in r0["losses"]], "difference": diff}
@@ -603,6 +625,14 @@ def row(cell, dump_path, lib):
                             f"(attn_implementation={attention}) under " + REFERENCES[kind])
         out["attention"] = {"trainscope": cell["model"].get("attention_backend"), "hf": attention}
     checks = []
+    if kind == "ssl":
+        # The objectives on fixed tensors against lightly's (the training itself is trainscope's).
+        if not ssl_ref.available():
+            return {"verdict": "skipped", "checks": [], "technique": "ssl-losses",
+                    "reason": "lightly is not installed in this Python (scripts/reference-packages.txt): no SSL loss reference"}
+        if "ssl_losses" not in dump:
+            raise InputError("the SSL cell's parity dump has no ssl_losses")
+        return ssl_ref.row(cell, dump, dump_path, lib)
     if kind == "scaler":
         checks += scaler_checks(cell, dump)
     else:
@@ -632,27 +662,83 @@ def row(cell, dump_path, lib):
         theirs_t = runs[0]["step_time_p50_s"]
         out["step_time_s"] = {"trainscope": ours_t, "pytorch": theirs_t,
                               "ratio": ours_t / theirs_t if ours_t and theirs_t else None}
+        if kind == "ddp":
+            out["engines"] = [engine_row(lightning_ref, cell, dump, dump_path, lib)]
+        if kind in deepspeed_ref.STAGES:
+            out["engines"] = [engine_row(deepspeed_ref, cell, dump, dump_path, lib)]
+            out["engines_table"] = engines_table(cell, kind, runs[0], out["engines"][0])
     out["checks"] = checks
-    out["verdict"] = "differs" if any(c["verdict"] == "differs" for c in checks) else "pass"
+    failed = [e for e in out.get("engines", []) if e["verdict"] in ("differs", "failed")]
+    out["verdict"] = "differs" if any(c["verdict"] == "differs" for c in checks) or failed else "pass"
     return out
+
+
+def engine_row(engine, cell, dump, dump_path, lib):
+    """Another system's row for this cell (DeepSpeed, Lightning): skipped with one line when its package
+    is missing, failed (never a crash) when it raises."""
+    name = engine.__name__.replace("_ref", "")
+    if not engine.available():
+        return {"engine": name, "verdict": "skipped", "checks": [],
+                "reason": f"{name} is not installed in this Python (scripts/reference-packages.txt)"}
+    started = time.monotonic()
+    try:
+        r = engine.row(cell, dump, dump_path, lib)
+    except Exception as e:  # noqa: BLE001  (the row says why; the other rows stand)
+        lines = [ln for ln in str(e).splitlines() if ln.strip()]
+        r = {"engine": name, "verdict": "failed", "checks": [], "reason": f"{type(e).__name__}: {lines[-1] if lines else ''}"}
+    r["reference_wall_s"] = round(time.monotonic() - started, 2)
+    return r
+
+
+def engines_table(cell, kind, torch_run, ds):
+    """trainscope's ZeRO stage beside PyTorch's and DeepSpeed's on the same model and machine, rank 0."""
+    rank0 = (cell.get("ranks") or [{}])[0]
+    mem = cell["metrics"]["memory"]
+    ours_comm = sum(comm_per_step(cell).values())
+    rows = [{"engine": f"trainscope {kind}", "step_time_p50_s": rank0.get("step_time_p50_s"),
+             "model_state_bytes": rank0.get("model_state_bytes"),
+             "peak_above_start_bytes": (rank0.get("peak_bytes") or 0) - (mem.get("baseline_bytes") or 0) or None,
+             "comm_bytes_per_step": ours_comm},
+            {"engine": REFERENCES[kind].split(" (")[0], "step_time_p50_s": torch_run["step_time_p50_s"],
+             "model_state_bytes": sum(torch_run["model_state"].values()),
+             "peak_above_start_bytes": torch_run.get("peak_above_start_bytes"),
+             # DDP's reducer (under ZeroRedundancyOptimizer) calls Gloo from C++, out of the counter's sight
+             "comm_bytes_per_step": None if kind == "zero1" else sum((torch_run["comm_bytes_per_step"] or {}).values())}]
+    if ds.get("verdict") in ("pass", "differs"):
+        rows.append({"engine": ds["reference"].split(" (")[0], "step_time_p50_s": ds["step_time_s"]["pytorch"],
+                     "model_state_bytes": sum(ds["model_state_bytes"].values()),
+                     "peak_above_start_bytes": ds.get("peak_above_start_bytes"),
+                     "comm_bytes_per_step": sum(ds["comm_bytes_per_step"].values())})
+    return rows
 
 
 # c10's dtype names (what the dump holds) as torch spells them.
 CPP_DTYPES = {"Float": "float32", "BFloat16": "bfloat16", "Half": "float16", "Double": "float64"}
 
-def comm_checks(cell, run, kind):
-    """Bytes per measured step through each collective, rank 0, nccl-tests' sizes on both sides."""
+def comm_per_step(cell):
+    """trainscope's bytes per measured step through each collective (rank 0, nccl-tests' sizes)."""
     ours = {}
     comm = cell["metrics"].get("comm", {})
     steps = max(int(comm.get("steps") or 1), 1)
     for c in comm.get("collectives", []):
         ours[c["op"]] = ours.get(c["op"], 0) + c["bytes"] * c["count"] / steps
-    theirs = run["comm_bytes_per_step"] or {}
-    # The root unit (what no block owns: embeddings, final norm, head): FSDP2 reshards it after forward
-    # and gathers it again for backward; trainscope's zero3 keeps it gathered until backward ends.
+    return ours
+
+
+def root_bytes(cell):
+    """The root unit's parameter bytes: what no block owns (embeddings, final norm, head)."""
     model = build_model(cell)
     in_blocks = {id(p) for b in blocks_of(model) for p in b.parameters()}
-    root = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in in_blocks)
+    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in in_blocks)
+
+
+def comm_checks(cell, run, kind):
+    """Bytes per measured step through each collective, rank 0, nccl-tests' sizes on both sides."""
+    ours = comm_per_step(cell)
+    theirs = run["comm_bytes_per_step"] or {}
+    # FSDP2 reshards the root unit after forward and gathers it again for backward; trainscope's zero3
+    # keeps it gathered until backward ends.
+    root = root_bytes(cell)
     checks = []
     for op in sorted(set(ours) | set(theirs)):
         a, b = ours.get(op, 0), theirs.get(op, 0)

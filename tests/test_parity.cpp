@@ -137,6 +137,13 @@ TEST_F(Parity, DeepSpeedZeroMatchesBitForBitAndDiffersOnlyByItsDesign) {
     EXPECT_EQ(master["pytorch"].get<double>(), named("rank 1 optimizer bytes")["pytorch"].get<double>()) << cell;
     EXPECT_EQ(named("rank 0 grads bytes")["verdict"], "design-difference") << cell;
     EXPECT_EQ(named("rank 0 grads bytes")["pytorch"], 0) << cell;
+    // DeepSpeed's estimator assumes fp16 weights and fp32 Adam; what this fp32 SGD run held is its own
+    // formula to the byte, and the note says what the estimator leaves out.
+    if (std::string(cell) != "gpt-tiny/zero1") {
+      const json est = named("model-state bytes per rank: DeepSpeed held");
+      EXPECT_EQ(est["verdict"], "design-difference") << cell << ": " << est.dump();
+      EXPECT_GT(est["pytorch"].get<double>(), est["trainscope"].get<double>()) << cell;
+    }
   }
   // Stage 2 all-reduces what trainscope reduce-scatters; stage 3 gathers the root again for backward.
   const json z2 = row("gpt-tiny/zero2")["engines"][0]["checks"];

@@ -27,6 +27,9 @@ TEST(Gate, AbCatchesAnInjectedSlowdownAndPassesAnAaRun) {
   EXPECT_EQ(s["cells"][0]["log_ratios"].size(), 8u);
   EXPECT_EQ(s["cells"][0]["p50_log_ratios"].size(), 8u);
   EXPECT_NE(s.value("design", "").find("fastest step"), std::string::npos);
+  // 8 blocks at most: one look, so all of alpha at it.
+  EXPECT_EQ(s["looks"], 1);
+  EXPECT_DOUBLE_EQ(s["alpha_per_look"].get<double>(), 0.01);
   const Result same = ts(args + " --out " + tmp("ab_same"));
   EXPECT_NE(same.code, 1) << same.out;
   EXPECT_TRUE(same.code == 0 || same.code == 3) << same.out;

@@ -15,11 +15,12 @@ live in CPU tensor storage counted by the same code; model-state bytes are the u
 the parameters, gradients and optimizer states (local shards where sharded).
 
 Zero and ddp cells get one more row each from the systems people name (`engines`): DeepSpeed's ZeRO
-engine (deepspeed_ref.py) and Lightning's Trainer (lightning_ref.py); a row whose package is missing is
-skipped with one line.
+engine (deepspeed_ref.py) and Lightning's Trainer (lightning_ref.py). An SSL cell's row compares its
+objectives with lightly's losses on the fixed tensors its dump carries (ssl_ref.py). A row whose
+package is missing is skipped with one line.
 
-Only the wheel's torch is used (and the reference packages installed into its environment). Exit status: 0 when every comparison passes, 1 when one differs, 2 on
-bad input (one line on stderr).
+Only the wheel's torch and the reference packages installed into its environment are used. Exit
+status: 0 when every comparison passes, 1 when one differs, 2 on bad input (one line on stderr).
 """
 import argparse
 import ctypes

@@ -86,8 +86,9 @@ else
   # DeepSpeed compiles a small CPU op (its shared-memory all-reduce) the first time a process group
   # starts, about a minute: build it once here, into the environment, so no test pays for it.
   if grep -q '^deepspeed==' "$pins"; then
-    TORCH_EXTENSIONS_DIR="$venv/torch-extensions" "$venv/bin/python" -c \
-      'from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load()' >/dev/null
+    DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR="$venv/torch-extensions" "$venv/bin/python" -c \
+      'from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load()' >/dev/null 2>&1 ||
+      echo "install-deps: DeepSpeed's CPU op was not pre-built; its first parity row will build it (about a minute)"
   fi
   echo "install-deps: reference packages installed in $(( $(date +%s) - start )) s"
   "$venv/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '$pin', torch.__version__"

@@ -38,6 +38,7 @@ json check_report(const json& report, const json& hardware) {
     if (device && !cuda)
       for (const auto& [dtype, elem] : std::vector<std::pair<std::string, int>>{{"bf16", 2}, {"fp32", 4}})
         if (auto w = device->gemm_workspace.find(dtype); w != device->gemm_workspace.end()) s.replay.gemm_workspace[elem] = w->second;
+    if (device && cuda) s.replay.persistent_workspace = device->gpu_gemm_workspace;
     return s;
   };
   for (const auto& cell : report.value("cells", json::array())) {
@@ -166,8 +167,8 @@ std::string render_check(const json& check) {
                   100 * d["worst_abs"].get<double>());
     out += line;
   };
-  std::snprintf(line, sizeof line, "%-44s %12s %12s %8s %8s %9s %9s %8s %8s\n", "cell", "peak pred", "peak meas", "err", "state",
-                "step pred", "step meas", "err", "comm err");
+  std::snprintf(line, sizeof line, "%-44s %12s %12s %8s %8s %10s %10s %8s %8s  %s\n", "cell", "peak pred", "peak meas", "err", "state",
+                "step pred", "step meas", "err", "comm err", "bound");
   out += line;
   for (const auto& r : check["cells"]) {
     if (r.contains("skipped")) {
@@ -175,11 +176,18 @@ std::string render_check(const json& check) {
       continue;
     }
     const json& tp = r["predicted"].value("time", json::object());
-    std::snprintf(line, sizeof line, "%-44s %12lld %12lld %+7.2f%% %+7.3f%% %8.2fms %8.2fms %+7.1f%% %+7.1f%%\n",
-                  r["cell"].get<std::string>().c_str(), static_cast<long long>(r["predicted"]["peak_bytes"].get<int64_t>()),
-                  static_cast<long long>(r["measured"].value("peak_bytes", int64_t{0})), 100 * r.value("peak_error", 0.0),
-                  100 * r.value("model_state_error", 0.0), 1e3 * tp.value("step_s", 0.0),
-                  1e3 * r["measured"].value("step_time_s", 0.0), 100 * r.value("step_error", 0.0), 100 * r.value("comm_error", 0.0));
+    // An error the check did not compute (a step under 10 ms, a cell without collectives) prints "-".
+    auto pct = [&r](const char* key, int decimals) {
+      char buf[32];
+      if (!r.contains(key)) return std::string("-");
+      std::snprintf(buf, sizeof buf, "%+.*f%%", decimals, 100 * r[key].get<double>());
+      return std::string(buf);
+    };
+    std::snprintf(line, sizeof line, "%-44s %12lld %12lld %8s %8s %8.2fms %8.2fms %8s %8s  %s\n", r["cell"].get<std::string>().c_str(),
+                  static_cast<long long>(r["predicted"]["peak_bytes"].get<int64_t>()),
+                  static_cast<long long>(r["measured"].value("peak_bytes", int64_t{0})), pct("peak_error", 2).c_str(),
+                  pct("model_state_error", 3).c_str(), 1e3 * tp.value("step_s", 0.0), 1e3 * r["measured"].value("step_time_s", 0.0),
+                  pct("step_error", 1).c_str(), pct("comm_error", 1).c_str(), tp.value("bound", std::string()).c_str());
     out += line;
   }
   for (const auto& f : check.value("frontier", json::array())) {

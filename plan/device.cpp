@@ -49,6 +49,13 @@ double DeviceProfile::elementwise_seconds(const std::string& kind, double elemen
   return memory_seconds(elements * elem * (backward ? 3 : 2));
 }
 
+std::pair<double, double> DeviceProfile::attention_seconds(const std::string& dtype, double heads, double seq, double head_dim) const {
+  const auto a = attention.find(dtype);
+  if (a == attention.end() || a->second.first.empty() || a->second.second.empty()) return {0, 0};
+  const double flops = 4.0 * heads * seq * seq * head_dim / 2;  // causal: half the S x S products
+  return {flops / a->second.first.at(flops), 2.5 * flops / a->second.second.at(flops)};
+}
+
 double DeviceProfile::collective_seconds(const std::string& op, double bytes, int64_t ranks, bool inter) const {
   if (ranks < 2 || bytes <= 0) return 0;
   const double n = static_cast<double>(ranks);
@@ -169,6 +176,8 @@ DeviceProfile measured_profile(const json& report, const std::string& source) {
       const json gpus = env.value("gpus", json::array());
       if (!gpus.empty() && gpus[0].contains("memory_bytes")) d.memory_bytes = gpus[0]["memory_bytes"].get<int64_t>();
     }
+    if (m.contains("hardware") && m["hardware"].contains("gemm_workspace_bytes"))
+      d.gpu_gemm_workspace = m["hardware"]["gemm_workspace_bytes"].get<int64_t>();
     if (m.contains("hardware") && m["hardware"].contains("gemm")) {
       for (const auto& g : m["hardware"]["gemm"]) {
         if (g.contains("skipped") || !g.contains("achievable_flops_per_s")) continue;
@@ -203,6 +212,20 @@ DeviceProfile measured_profile(const json& report, const std::string& source) {
           if (p["bytes"].get<double>() > 0) ws.points.emplace_back(p["k"].get<double>(), p["bytes"].get<double>());
         std::sort(ws.points.begin(), ws.points.end());
         if (!ws.empty()) d.gemm_workspace[dt] = ws;
+        std::pair<Curve, Curve> att;
+        for (const auto& p : g.value("attention", json::array())) {
+          const double flops = p.value("forward_flops", 0.0), f = p.value("forward_flops_per_s", 0.0), b = p.value("backward_flops_per_s", 0.0);
+          if (flops > 0 && f > 0 && b > 0) {
+            att.first.points.emplace_back(flops, f);
+            att.second.points.emplace_back(flops, b);
+          }
+        }
+        std::sort(att.first.points.begin(), att.first.points.end());
+        std::sort(att.second.points.begin(), att.second.points.end());
+        if (!att.first.empty()) {
+          d.attention[dt] = att;
+          d.sources["attention"] = "measured fused causal attention (SDPA) forward and backward by size (" + source + ")";
+        }
         any = true;
       }
       d.sources["gemm"] = "measured GEMM sweep and size curve (" + source + ")";

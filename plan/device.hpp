@@ -21,7 +21,11 @@ struct DeviceProfile {
   std::map<std::string, double> gemm_rate;   // dtype -> the rate large GEMMs achieve (FLOP/s)
   std::map<std::string, Curve> gemm_curve;   // dtype -> achieved FLOP/s by FLOPs per GEMM (measured)
   std::map<std::string, Curve> batched_curve;
-  std::map<std::string, Curve> gemm_workspace;  // dtype -> bytes a GEMM allocates beyond its product, by k (CPU)  // dtype -> achieved FLOP/s of batched small GEMMs by FLOPs per call
+  std::map<std::string, Curve> gemm_workspace;  // dtype -> bytes a GEMM allocates beyond its product, by k (CPU)
+  // dtype -> fused causal attention (SDPA on a GPU): forward and backward FLOP/s by forward FLOPs per
+  // call (measured; none: attention costs as two batched GEMMs and its exponentials)
+  std::map<std::string, std::pair<Curve, Curve>> attention;
+  int64_t gpu_gemm_workspace = 0;  // bytes cuBLAS's workspaces keep on a GPU (measured)
   // dtype ("fp32", "bf16") -> kind ("activation", "softmax", "norm", "random") -> forward and backward
   // elements per second by elements (measured); none: the memory roofline.
   std::map<std::string, std::map<std::string, std::pair<Curve, Curve>>> elementwise;
@@ -41,6 +45,9 @@ struct DeviceProfile {
   // `elements` of `elem` bytes, forward or backward: at the measured rate, else the memory roofline.
   // `on_chip`: inside a fused kernel, so without a measured rate it costs nothing beyond its GEMMs.
   double elementwise_seconds(const std::string& kind, double elements, int elem, bool backward, bool on_chip = false) const;
+  // Forward and backward seconds of fused causal attention over `heads` (batch x heads) of S x S x Dh,
+  // at the measured rate; nullopt-like {0, 0} when this dtype has no measurement.
+  std::pair<double, double> attention_seconds(const std::string& dtype, double heads, double seq, double head_dim) const;
   // nccl-tests: time = latency + bytes x factor / busbw, factor 2(n-1)/n for all-reduce, (n-1)/n for
   // all-gather and reduce-scatter; `inter`: the ranks span nodes.
   double collective_seconds(const std::string& op, double bytes, int64_t ranks, bool inter) const;

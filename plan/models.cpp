@@ -159,7 +159,7 @@ T gpt_block(Net& n, const T& x, const GptBlockParams& p, bool selective) {
     if (sdpa) {
       // The fused kernel saves q, k, v (views of qkv), its output and the log-sum-exp (fp32).
       const T out = t.op({&q, &k, &v}, N * D, e, {&q, &k, &v}, true, B * H * S * 4,
-                         gemm_cost(S, S, D / H, 2 * B * H));
+                         attention_cost(S, D / H, B * H));
       OpCost exps = elementwise_cost(OpKind::Softmax, B * H * S * S / 2, 4);  // the kernel's exponentials (causal half)
       exps.on_chip = true;
       t.cost(exps);
@@ -239,7 +239,7 @@ T llama_block(Net& n, const T& x, const LlamaBlockParams& p, bool selective) {
       // Saves query, key, value, its output ([B,S,H,Dh] in memory, so the transpose is free) and the
       // fp32 log-sum-exp; GQA without copies (enable_gqa).
       const T out = t.op({&query, &k_embed, &v}, N * Hq * Dh, e, {&query, &k_embed, &v}, true, B * Hq * S * 4,
-                         gemm_cost(S, S, Dh, 2 * B * Hq));
+                         attention_cost(S, Dh, B * Hq));
       OpCost exps = elementwise_cost(OpKind::Softmax, B * Hq * S * S / 2, 4);  // the kernel's exponentials (causal half)
       exps.on_chip = true;
       t.cost(exps);

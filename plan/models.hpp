@@ -35,6 +35,7 @@ struct Replay {
   // Bytes a GEMM allocates beyond its product by its inner dimension, per element size (2: bf16/fp16,
   // 4: fp32), as the hardware suite measured them on this CPU (oneDNN's scratchpad); none: zero.
   std::map<int, Curve> gemm_workspace;
+  int64_t persistent_workspace = 0;  // GPU: cuBLAS workspaces kept from the first GEMMs on (measured)
 };
 
 // The model's parameters, in module order, grouped by block (zero3's units): element counts.

@@ -138,6 +138,8 @@ MemoryPrediction predict_memory(const StepSetup& s) {
   // The memory probe's peak starts here (run_begin): building the full model before sharding it is
   // set-up, not training.
   t.reset_peak();
+  // Allocated by the first step's GEMMs and kept: inside the probe's peak, not its baseline.
+  if (s.replay.persistent_workspace > 0) t.alloc(s.replay.persistent_workspace);
 
   T fp16_masters;
   std::vector<T> opt_state;

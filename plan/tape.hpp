@@ -48,8 +48,16 @@ struct OpCost {
   int64_t elements = 0;
   int elem = 4;  // element bytes of the elementwise kinds
   bool on_chip = false;  // inside a fused kernel (flash attention's exponentials): no memory traffic of its own
+  bool fused_attention = false;  // a GEMM cost standing for SDPA's fused causal kernel: (S, S, Dh) x 2 x heads
 };
 inline OpCost gemm_cost(int64_t m, int64_t n, int64_t k, int64_t batch = 1) { return OpCost{m, n, k, batch, 0, OpKind::Gemm, 0, 4}; }
+// SDPA's fused causal attention over `heads` (batch x heads) of S x S x Dh: as two batched GEMMs
+// (scores and output) where the device has no measured attention rate.
+inline OpCost attention_cost(int64_t seq, int64_t head_dim, int64_t heads) {
+  OpCost c = gemm_cost(seq, seq, head_dim, 2 * heads);
+  c.fused_attention = true;
+  return c;
+}
 inline OpCost elementwise_cost(OpKind kind, int64_t elements, int elem) {
   return OpCost{0, 0, 0, 1, elements * elem * 2, kind, elements, elem};
 }

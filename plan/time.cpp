@@ -28,11 +28,21 @@ const char* kind_name(OpKind k) {
 
 // Forward and backward seconds of a pass's operators: a GEMM's backward is two GEMMs of its size
 // (input and weight gradients); a memory-bound operator's backward moves about twice its bytes; the
-// compute-bound elementwise kinds at their measured backward rates (dropout's backward: a product).
+// compute-bound elementwise kinds at their measured backward rates (dropout's backward: a product);
+// SDPA's fused attention at its measured forward and backward rates where the device has them.
 Pass cost_of(const std::vector<OpCost>& costs, const DeviceProfile& d, const std::string& dtype) {
   Pass p;
+  // A measured fused-attention rate already holds the kernel's exponentials (on-chip elementwise).
+  const bool fused = d.attention.count(dtype) > 0;
   for (const OpCost& c : costs) {
-    if (c.kind == OpKind::Gemm) {
+    if (fused && c.on_chip) continue;
+    if (c.kind == OpKind::Gemm && c.fused_attention && fused) {
+      const auto [f, b] = d.attention_seconds(dtype, static_cast<double>(c.batch / 2), static_cast<double>(c.m), static_cast<double>(c.k));
+      p.forward += f;
+      p.backward += b;
+      p.by_kind["attention"].first += f;
+      p.by_kind["attention"].second += b;
+    } else if (c.kind == OpKind::Gemm) {
       const double s = d.gemm_seconds(dtype, static_cast<double>(c.m), static_cast<double>(c.n), static_cast<double>(c.k),
                                       static_cast<double>(c.batch));
       p.forward += s;
@@ -64,7 +74,7 @@ Pass cost_of(const std::vector<OpCost>& costs, const DeviceProfile& d, const std
 
 json TimePrediction::to_json() const {
   return {{"forward_s", forward_s},   {"backward_s", backward_s}, {"recompute_s", recompute_s},
-          {"optimizer_s", optimizer_s}, {"compute_s", compute_s}, {"comm_s", comm_s},
+          {"optimizer_s", optimizer_s}, {"compute_s", compute_s}, {"host_s", host_s}, {"device_s", device_s}, {"comm_s", comm_s},
           {"exposed_comm_s", exposed_comm_s}, {"step_s", step_s}, {"bound", bound},
           {"collectives", collectives}, {"overlap_rule", overlap_rule}, {"breakdown", breakdown}};
 }
@@ -97,11 +107,20 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
     opt_tensors.push_back(padded(total, W) / W);
   }
   const bool sgd = s.optimizer == "sgd";
-  for (int64_t n : opt_tensors)
+  double optimizer_host = 0;
+  for (int64_t n : opt_tensors) {
+    optimizer_host += (sgd ? 3 : 9) * d.op_overhead_s;
     t.optimizer_s += (sgd ? 3 : 9) * d.op_overhead_s + d.memory_seconds(static_cast<double>((sgd ? 8 : 23) * n * pe));
+  }
   t.optimizer_s *= slow;
   const double micro = t.forward_s + t.backward_s + t.recompute_s;
-  t.compute_s = accumulation * micro + t.optimizer_s;
+  // The host's dispatch (per operator, backward node and optimizer kernel) and the kernels themselves.
+  // A CPU runs them one after the other. On a GPU they run concurrently, the host queueing kernels
+  // ahead of the device, so the step takes the longer of the two (the H200 check, docs/plan.md: the
+  // device part within 5% of the timeline's busy time on gpt-125m and llama3-1b).
+  t.host_s = (static_cast<double>(accumulation * (f.ops + r.ops)) * (d.op_overhead_s + d.backward_node_s) + optimizer_host) * slow;
+  t.device_s = accumulation * micro + t.optimizer_s - t.host_s;
+  t.compute_s = d.gpu ? std::max(t.host_s, t.device_s) : t.host_s + t.device_s;
 
   // ---- communication ---------------------------------------------------------------------------
   const bool inter = c.nodes > 1;
@@ -183,7 +202,9 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
     }
   }
   t.step_s = t.compute_s + t.exposed_comm_s;
-  t.bound = t.exposed_comm_s > t.compute_s ? (inter ? "inter-node communication" : "intra-node communication") : "compute";
+  t.bound = t.exposed_comm_s > t.compute_s ? (inter ? "inter-node communication" : "intra-node communication")
+            : d.gpu && t.host_s > t.device_s ? "host dispatch"
+                                             : "compute";
   return t;
 }
 

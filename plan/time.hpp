@@ -21,10 +21,11 @@ struct Cluster {
 struct TimePrediction {
   double forward_s = 0, backward_s = 0, recompute_s = 0, optimizer_s = 0;
   double compute_s = 0;        // per optimizer step (all micro-batches)
+  double host_s = 0, device_s = 0;  // the host's dispatch and the kernels: compute_s is their sum on a CPU, the larger on a GPU
   double comm_s = 0;           // every collective of the step, end to end
   double exposed_comm_s = 0;   // what the step waits for (the overlap rule's remainder)
   double step_s = 0;
-  std::string bound;           // compute | intra-node communication | inter-node communication
+  std::string bound;           // compute | host dispatch (a GPU waiting on the host) | intra-node | inter-node communication
   json collectives = json::array();  // per op: bytes per call, calls, seconds, exposed seconds
   std::string overlap_rule;
   json breakdown = json::object();  // compute seconds per operator kind, forward and backward

@@ -74,6 +74,22 @@ void hardware_rules(const json& report, json& out) {
                          {"shortfall_points", kShortfall}},
                         {c["name"]}));
     }
+    // SDPA's fused attention (GPU): its rate at the largest shape measured, the one nearest training's.
+    for (const auto& g : gemm.is_array() ? gemm : json::array()) {
+      const json att = g.value("attention", json::array());
+      if (!att.is_array() || att.empty() || !att.back()["forward_flops_per_s"].is_number()) continue;
+      const json& a = att.back();
+      const double f = a["forward_flops_per_s"], b = a["backward_flops_per_s"];
+      std::string text = g["dtype"].get<std::string>() + " fused attention (SDPA, " + a.value("backend", std::string("?")) +
+                         " kernel, causal, seq " + std::to_string(a["seq"].get<int64_t>()) + ", head dim " +
+                         std::to_string(a["head_dim"].get<int64_t>()) + "): " + format_fixed(f / 1e12, 0) + " TFLOPS forward, " +
+                         format_fixed(b / 1e12, 0) + " backward";
+      if (g["datasheet_flops_per_s"].is_number())
+        text += " (" + format_fixed(100 * f / g["datasheet_flops_per_s"].get<double>(), 0) + "% and " +
+                format_fixed(100 * b / g["datasheet_flops_per_s"].get<double>(), 0) + "% of the datasheet)";
+      out.push_back(rec("hardware.attention." + g["dtype"].get<std::string>(), "info", text,
+                        {{"forward_flops_per_s", f}, {"backward_flops_per_s", b}, {"shape", a}}, {c["name"]}));
+    }
     const json mem = value_at(c, {"metrics", "hardware", "memory"});
     if (mem.is_object() && mem["bandwidth_gbps"].is_number()) {
       const double bw = mem["bandwidth_gbps"];

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with one NVIDIA GPU or more (about 8 minutes on one H200 once built):
+# The GPU check, for a machine with one NVIDIA GPU or more (201 s on one H200 with SUSTAIN_S=60, once built):
 # the project's one CMake build against the machine's CUDA torch, then
 #   versions and `trainscope env`; the quick suite on cuda; the precision suite's GPU cells (tf32,
 #   bf16-mixed, real 16-mixed); a checkpointing pair with the caching allocator's statistics; NCCL
@@ -13,6 +13,7 @@
 #   DEPS_DIR   folder made by scripts/bundle-deps.sh (header-only deps, Fashion-MNIST) for a node
 #              without Debian's packages; default ./deps when it exists
 #   BUILD      build folder (default build-gpu); an existing build there is reused unless REBUILD=1
+#   SUSTAIN_S  seconds of the hardware suite's sustained training cell (default 120)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -95,7 +96,7 @@ gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 # hardware suite (memory and copy bandwidth, a 2-minute sustained cell), and the CUPTI timeline on a
 # bf16 training cell (kernels, compute/communication overlap, idle time).
 step peak "$ts" peak --device cuda --out "$OUT/peak.json"
-step hardware "$ts" run --suite hardware --device cuda --nproc "$(( gpus > 1 ? 2 : 1 ))" --set time_budget_s=120 --set model=gpt-125m \
+step hardware "$ts" run --suite hardware --device cuda --nproc "$(( gpus > 1 ? 2 : 1 ))" --set time_budget_s="${SUSTAIN_S:-120}" --set model=gpt-125m \
   --set batch_size=8 --out "$OUT/hardware"
 cat > "$OUT/timeline.toml" <<'EOF'
 name = "gpu-timeline"

@@ -304,7 +304,10 @@ std::vector<Cell> expand(const Suite& suite, const std::string& filter) {
   }
   std::vector<Cell> cells;
   std::vector<size_t> at(suite.axes.size(), 0);
-  while (true) {
+  // Without axes the base is a cell of its own, unless the suite lists its cells: then it is only
+  // what those cells start from.
+  const bool base_is_a_cell = !suite.axes.empty() || suite.extra_cells.empty();
+  while (base_is_a_cell) {
     json cfg = suite.base;
     std::string name;
     for (size_t i = 0; i < suite.axes.size(); ++i) {

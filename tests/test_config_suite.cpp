@@ -171,6 +171,18 @@ TEST(Config, BuiltinSuitesParse) {
   EXPECT_EQ(quick[3].name, "gpt-tiny/bf16-mixed");
 }
 
+// A suite of listed cells and no axes runs those cells alone: its base is what they start from.
+TEST(Suite, ListedCellsWithoutAxesLeaveTheBaseOut) {
+  const auto cells = expand(parse_suite("name='x'\n[base]\nmodel='gpt-tiny'\nsteps=3\n[[cells]]\nname='a'\nbatch_size=4\n"
+                                        "[[cells]]\nname='b'\nmodel='mlp'\n", "c.toml"));
+  ASSERT_EQ(cells.size(), 2u);
+  EXPECT_EQ(cells[0].name, "a");
+  EXPECT_EQ(cells[0].config.model, "gpt-tiny");
+  EXPECT_EQ(cells[0].config.steps, 3);
+  EXPECT_EQ(cells[1].config.model, "mlp");
+  ASSERT_EQ(expand(parse_suite("name='x'\n[base]\nmodel='mlp'\n", "c.toml")).size(), 1u);  // no cells: the base is one
+}
+
 // Model shapes as data: a suite's own model by its dimensions, a preset's dimension overridden per cell,
 // and every inconsistency a one-line error before anything runs.
 TEST(ModelShapes, ASuiteDefinesItsOwnModelAndACellOverridesADimension) {

@@ -224,6 +224,10 @@ TEST(HardwareSuite, RecommendationsSayWhatFallsShortAndByHowMuch) {
   };
   json gemm_cell = {{"name", "gemm"}, {"status", "ok"}, {"device_name", "NVIDIA H200"}};
   gemm_cell["metrics"]["hardware"]["gemm"] = json::array({gemm("bf16", 0.6, 989e12), gemm("fp8", 0.72, 1979e12)});
+  // SDPA measured on the GPU: the line quotes the largest shape, the last.
+  gemm_cell["metrics"]["hardware"]["gemm"][0]["attention"] = json::array(
+      {{{"seq", 1024}, {"head_dim", 64}, {"backend", "cudnn"}, {"forward_flops_per_s", 1e14}, {"backward_flops_per_s", 5e13}},
+       {{"seq", 4096}, {"head_dim", 128}, {"backend", "cudnn"}, {"forward_flops_per_s", 4.5e14}, {"backward_flops_per_s", 3.1e14}}});
   json mem_cell = {{"name", "mem"}, {"status", "ok"}, {"device_name", "NVIDIA H200"}};
   mem_cell["metrics"]["hardware"]["memory"] = {{"bandwidth_gbps", 3360.0}, {"datasheet_gbps", 4800.0}, {"fraction_of_datasheet", 0.7}};
   json sustained = {{"name", "sustained"}, {"status", "ok"}};
@@ -238,6 +242,12 @@ TEST(HardwareSuite, RecommendationsSayWhatFallsShortAndByHowMuch) {
   EXPECT_NE(by_id["hardware.gemm.bf16"]["text"].get<std::string>().find("60.0% of the datasheet"), std::string::npos);
   EXPECT_NE(by_id["hardware.gemm.bf16"]["text"].get<std::string>().find("mamf-finder reports 80.3%"), std::string::npos);
   EXPECT_EQ(by_id["hardware.gemm.fp8"]["severity"], "info");
+  ASSERT_TRUE(by_id.count("hardware.attention.bf16"));
+  EXPECT_NE(by_id["hardware.attention.bf16"]["text"].get<std::string>().find(
+                "cudnn kernel, causal, seq 4096, head dim 128): 450 TFLOPS forward, 310 backward (46% and 31% of the datasheet)"),
+            std::string::npos)
+      << by_id["hardware.attention.bf16"]["text"];
+  EXPECT_FALSE(by_id.count("hardware.attention.fp8"));
   EXPECT_EQ(by_id["hardware.memory"]["severity"], "warn");
   EXPECT_EQ(by_id["hardware.throttling"]["severity"], "warn");
   EXPECT_NE(by_id["hardware.throttling"]["text"].get<std::string>().find("12.0%"), std::string::npos);

@@ -149,10 +149,16 @@ TEST_F(Parity, DeepSpeedZeroMatchesBitForBitAndDiffersOnlyByItsDesign) {
   // Stage 2 all-reduces what trainscope reduce-scatters; stage 3 gathers the root again for backward.
   const json z2 = row("gpt-tiny/zero2")["engines"][0]["checks"];
   const json z3 = row("gpt-tiny/zero3")["engines"][0]["checks"];
-  for (const auto& k : z2)
-    if (k["name"] == "all-reduce bytes per step (rank 0)") EXPECT_EQ(k["verdict"], "design-difference") << k.dump();
-  for (const auto& k : z3)
-    if (k["name"] == "reduce-scatter bytes per step (rank 0)") EXPECT_EQ(k["verdict"], "exact") << k.dump();
+  for (const auto& k : z2) {
+    if (k["name"] == "all-reduce bytes per step (rank 0)") {
+      EXPECT_EQ(k["verdict"], "design-difference") << k.dump();
+    }
+  }
+  for (const auto& k : z3) {
+    if (k["name"] == "reduce-scatter bytes per step (rank 0)") {
+      EXPECT_EQ(k["verdict"], "exact") << k.dump();
+    }
+  }
   // The engines side by side: trainscope, FSDP2 and DeepSpeed on zero3, with the same model state at
   // rest (Ψ/N each of parameters, optimizer state and gradients or DeepSpeed's master copy).
   const json table = row("gpt-tiny/zero3")["engines_table"];
@@ -203,8 +209,9 @@ TEST_F(Parity, SslLossesMatchLightlyOnTheSameTensors) {
     const std::string v = k.value("verdict", "");
     EXPECT_TRUE(v == "exact" || v == "within") << name << ": " << k.dump();
     // A loss's tolerance, where one was needed, is a rounding bound: far below the loss itself.
-    if (v == "within" && k["trainscope"].is_number())
+    if (v == "within" && k["trainscope"].is_number()) {
       EXPECT_LT(k["tolerance"].get<double>(), 1e-3 * std::abs(k["trainscope"].get<double>())) << name;
+    }
   }
 }
 

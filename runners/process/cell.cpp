@@ -52,6 +52,34 @@ json gemm_workspace(const std::string& dtype) {
   return out;
 }
 
+#ifdef TRAINSCOPE_TORCH_CUDA
+// What the first GEMMs of a process leave allocated on a GPU: cuBLAS's and cuBLASLt's workspaces, one
+// per handle and stream, which PyTorch takes from its caching allocator and keeps; the main thread's
+// handle (forward) and the autograd thread's (backward) each get theirs. Measured with a Linear's
+// forward and backward in fp32 and bf16 before any other GEMM of the cell's process; the planner adds
+// it to every GPU cell's peak.
+int64_t cuda_gemm_workspace(const std::string& device) {
+  const c10::DeviceIndex index = torch::Device(device).index() < 0 ? 0 : torch::Device(device).index();
+  const auto allocated = [index] { return c10::cuda::CUDACachingAllocator::getDeviceStats(index).allocated_bytes[0].current; };
+  std::vector<torch::Tensor> keep;
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const auto o = torch::TensorOptions().dtype(dtype).device(device);
+    keep.push_back(torch::randn({256, 512}, o));
+    keep.push_back(torch::randn({512, 512}, o).requires_grad_(true));
+    keep.push_back(torch::randn({512}, o).requires_grad_(true));
+  }
+  torch::cuda::synchronize();
+  const int64_t before = allocated();
+  for (size_t i = 0; i < keep.size(); i += 3) {
+    torch::nn::functional::linear(keep[i], keep[i + 1], keep[i + 2]).sum().backward();
+    keep[i + 1].mutable_grad() = torch::Tensor();
+    keep[i + 2].mutable_grad() = torch::Tensor();
+  }
+  torch::cuda::synchronize();
+  return std::max<int64_t>(0, allocated() - before);
+}
+#endif
+
 // Process faults for testing the isolation (config keys `inject`, `inject_rank`, `inject_step`): they
 // fire before training step `inject_step` on the chosen rank (every rank for -1).
 class FaultProbe : public Probe {
@@ -292,6 +320,9 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
       json metrics;
       if (config.kind == "gemm-peak") {
         metrics["hardware"]["gemm"] = json::array();
+#ifdef TRAINSCOPE_TORCH_CUDA
+        if (device != "cpu") metrics["hardware"]["gemm_workspace_bytes"] = cuda_gemm_workspace(device);
+#endif
         for (const auto& dtype : suites::peak_dtypes(device)) {
           json g = suites::gemm_peak(device, dtype, config.thorough);
           if (!g.contains("skipped") && device == "cpu") g["workspace"] = gemm_workspace(dtype);

@@ -7,11 +7,13 @@
 
 #include "core/datasheet.hpp"
 #include "core/stats.hpp"
+#include "suites/models/models.hpp"
 #include "suites/parallel/comm.hpp"
 
 #ifdef TRAINSCOPE_TORCH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/Sleep.h>
 #endif
 
 namespace trainscope::suites {
@@ -47,6 +49,19 @@ double time_once(const std::string& device, Fn&& fn) {
   const auto t0 = std::chrono::steady_clock::now();
   fn();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Seconds the device spends on one call of `fn`, without the host's launch latency: on a GPU the
+// stream is first kept busy (a ~50 us spin kernel) so that the call is queued before its start event
+// fires, as it is inside a training step where the host runs ahead of the GPU. Small kernels timed
+// by time_once measure the host's dispatch instead (~5-10 us a call), which the planner counts
+// separately, per operator. On CPU the same as time_once.
+template <typename Fn>
+double time_queued(const std::string& device, Fn&& fn) {
+#ifdef TRAINSCOPE_TORCH_CUDA
+  if (is_cuda(device)) at::cuda::sleep(100000);  // ~50 us at the H100's 1.98 GHz, longer at lower clocks
+#endif
+  return time_once(device, std::forward<Fn>(fn));
 }
 
 json shape_json(const GemmShape& s) { return {s.m, s.n, s.k}; }
@@ -142,6 +157,36 @@ GemmTiming time_gemm(const std::string& device, const std::string& dtype, const 
   return g;
 }
 
+// SDPA's fused causal attention as training runs it (flash, memory-efficient or cuDNN, whichever
+// PyTorch picks), forward and backward per shape [1, heads, S, Dh]: the planner's rate for attention
+// on a GPU, where the kernel never writes the S x S scores and is neither a batched GEMM nor a softmax.
+// FLOPs: forward 4 S^2 Dh per head, halved for the causal mask; backward 2.5x the forward (five
+// S x S x Dh products against two), FlashAttention's convention.
+json fused_attention(const std::string& device, const std::string& dtype) {
+  json out = json::array();
+  const auto o = torch::TensorOptions().dtype(scalar_of(dtype)).device(device);
+  for (const auto& [heads, s, dh] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {32, 512, 64}, {32, 1024, 64}, {32, 2048, 64}, {32, 2048, 128}, {16, 4096, 128}}) {
+    torch::AutoGradMode grad(true);
+    torch::Tensor q = torch::randn({1, heads, s, dh}, o).requires_grad_(true), k = torch::randn({1, heads, s, dh}, o).requires_grad_(true),
+                  v = torch::randn({1, heads, s, dh}, o).requires_grad_(true), g = torch::randn({1, heads, s, dh}, o);
+    auto forward = [&] { return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true); };
+    for (int i = 0; i < 3; ++i) forward().backward(g);
+    sync(device);
+    std::vector<double> fwd, bwd;
+    for (int i = 0; i < 10; ++i) {
+      torch::Tensor y;
+      fwd.push_back(time_queued(device, [&] { y = forward(); }));
+      bwd.push_back(time_queued(device, [&] { y.backward(g); }));
+    }
+    const double flops = 4.0 * static_cast<double>(heads * s * s * dh) / 2, f = summarize(fwd).p50, b = summarize(bwd).p50;
+    out.push_back({{"heads", heads}, {"seq", s}, {"head_dim", dh}, {"causal", true}, {"forward_flops", flops},
+                   {"forward_s", f}, {"backward_s", b}, {"forward_flops_per_s", f > 0 ? flops / f : 0.0},
+                   {"backward_flops_per_s", b > 0 ? 2.5 * flops / b : 0.0}, {"backend", sdpa_backend(q, k, v, true, false)}});
+  }
+  return out;
+}
+
 json gemm_peak(const std::string& device, const std::string& dtype, bool thorough) {
   json out{{"dtype", dtype}};
   if (const std::string why = gemm_unsupported(device, dtype); !why.empty()) {
@@ -191,13 +236,14 @@ json gemm_peak(const std::string& device, const std::string& dtype, bool thoroug
       std::vector<double> rates;
       const double flops = 2.0 * static_cast<double>(b * s * s * dh);
       for (int i = 0; i < iterations; ++i) {
-        const double t = time_once(device, [&] { torch::bmm_out(r, q, k); });
+        const double t = time_queued(device, [&] { torch::bmm_out(r, q, k); });
         if (t > 0) rates.push_back(flops / t);
       }
       batched.push_back({{"batch", b}, {"shape", {s, s, dh}}, {"median_flops_per_s", summarize(rates).p50}});
     }
   }
   out["batched_curve"] = batched;
+  if (cuda && dtype != "fp8" && dtype != "tf32") out["attention"] = fused_attention(device, dtype);
   const std::string name = device_name(device);
   out["device_name"] = name;
   if (const auto peak = datasheet_peak_flops(name, dtype)) {
@@ -235,7 +281,7 @@ json memory_bandwidth(const std::string& device) {
     sync(device);
     std::vector<double> r2;
     for (int i = 0; i < 7; ++i) {
-      const double t = time_once(device, [&] { d2.copy_(s2); });
+      const double t = time_queued(device, [&] { d2.copy_(s2); });
       if (t > 0) r2.push_back(2.0 * static_cast<double>(b) / t);
     }
     curve.push_back({{"bytes", b}, {"median_gbps", summarize(r2).p50 / 1e9}});
@@ -290,7 +336,7 @@ json memory_bandwidth(const std::string& device) {
             fn();
             continue;
           }
-          const double t = time_once(device, fn);
+          const double t = time_queued(device, fn);
           if (t > 0) r.push_back(static_cast<double>(n) / t);
         }
         return summarize(r).p50;

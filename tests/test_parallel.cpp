@@ -212,6 +212,11 @@ lr = 0.05
   const json ws3 = cell_named(report, "ws3");
   EXPECT_EQ(ws3["status"], "skipped");
   EXPECT_NE(ws3["reason"].get<std::string>().find("--nproc 3"), std::string::npos);
+  // Local ranks share this host: one node holding both (tests/multinode checks two).
+  const json ddp_cell = cell_named(report, "ddp/ckpt-none");
+  EXPECT_EQ(ddp_cell["nodes"], json::array({{{"node", 0}, {"host", report["env"]["host"]}, {"ranks", {0, 1}}}})) << ddp_cell["nodes"].dump();
+  EXPECT_EQ(ddp_cell["ranks"][1]["host"], report["env"]["host"]);
+  EXPECT_FALSE(report["env"].contains("launch"));  // no launcher: local ranks
 
   const auto single = load_params(out + "/cells/single.params.pt");
   ASSERT_FALSE(single.empty());

@@ -151,6 +151,26 @@ std::string machine_line(const json& env) {
   return cpu + "; " + gpu + "; " + sw;
 }
 
+std::string nodes_line(const json& report) {
+  // The first cell that ran on more than one host: every multi-rank cell of a launch shares its nodes.
+  for (const auto& c : report.value("cells", json::array())) {
+    const json nodes = c.value("nodes", json::array());
+    if (!nodes.is_array() || nodes.size() < 2) continue;
+    std::string line = std::to_string(nodes.size()) + " nodes";
+    if (value_at(report, {"env", "launch", "source"}).is_string()) line += " (" + report["env"]["launch"]["source"].get<std::string>() + ")";
+    line += ":";
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      line += std::string(i ? "," : "") + " " + nodes[i].value("host", std::string("?")) + " (rank";
+      const json& ranks = nodes[i]["ranks"];
+      line += ranks.size() > 1 ? "s " : " ";
+      for (size_t r = 0; r < ranks.size(); ++r) line += (r ? ", " : "") + std::to_string(ranks[r].get<int64_t>());
+      line += ")";
+    }
+    return line;
+  }
+  return "";
+}
+
 json evidence_rows(const json& evidence) {
   json rows = json::array();
   if (!evidence.is_object()) return rows;
@@ -201,6 +221,7 @@ json recommendation_groups(const json& report) {
 
 json report_digest(const json& report) {
   json d{{"machine", machine_line(report.value("env", json::object()))}, {"decisions", json::array()}, {"problems", json::array()}};
+  if (const std::string nodes = nodes_line(report); !nodes.empty()) d["nodes"] = nodes;
   const json groups = recommendation_groups(report);
   for (const auto& [topic, label] : decision_topics())
     for (const auto& g : groups)

@@ -19,11 +19,15 @@ std::string render_html(const json& report, const std::string& chartjs_path = kC
 // Writes DIR/report.md and DIR/report.html (atomically, like report.json).
 void write_renderings(const json& report, const std::string& dir);
 
-// What a reader needs first (reports/digest.cpp): {"machine": one line, "decisions": [{"topic",
+// What a reader needs first (reports/digest.cpp): {"machine": one line, "nodes": one line where the
+// ranks spanned hosts, "decisions": [{"topic",
 // "text", "anchor"}], "problems": [{"severity", "text", "anchor"}], "cells_ok", "cells_other"}.
 json report_digest(const json& report);
 // The machine in one line: CPU and cores, memory, GPUs, torch and CUDA.
 std::string machine_line(const json& env);
+// Where the ranks ran when they spanned hosts ("2 nodes (torchrun): node0 (ranks 0, 1), node1 (ranks
+// 2, 3)"); empty for a run on one host.
+std::string nodes_line(const json& report);
 // Recommendations with the same id and severity as one group: {"id", "severity", "topic", "anchor",
 // "headline" (at most two lines), "cells", "items": [{"text", "evidence", "cells"}]}, worst first.
 json recommendation_groups(const json& report);

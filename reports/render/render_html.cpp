@@ -316,6 +316,7 @@ std::string render_html(const json& report, const std::string& chartjs_path) {
   out << "<h1>" << esc(title) << "</h1>\n<p>Created " << esc(report.value("created", "?")) << " by trainscope "
       << esc(report["trainscope"].value("version", "?")) << " (" << esc(report["trainscope"].value("commit", "?"))
       << ") on " << esc(machine_line(env)) << ".</p>\n";
+  if (const std::string nodes = nodes_line(report); !nodes.empty()) out << "<p>Ranks on " << esc(nodes) << ".</p>\n";
   // The summary first: the decisions the run supports and what went wrong, each linked to its evidence.
   const json digest = report_digest(report);
   out << "<section class=\"summary\"><h2 id=\"summary\">Summary</h2>\n<ul class=\"decisions\">";

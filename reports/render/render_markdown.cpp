@@ -355,6 +355,7 @@ std::string render_markdown(const json& report) {
   out << "# trainscope report: " << report["suite"].value("name", "?") << "\n\n";
   out << "Created " << report.value("created", "?") << " by trainscope " << report["trainscope"].value("version", "?")
       << " (" << report["trainscope"].value("commit", "?") << ") on " << md_escape(machine_line(env)) << ".\n\n";
+  if (const std::string nodes = nodes_line(report); !nodes.empty()) out << "Ranks on " << md_escape(nodes) << ".\n\n";
   // The summary first: the decisions the run supports and what went wrong, each linked to its evidence.
   const json digest = report_digest(report);
   out << "## Summary\n\n";

@@ -61,6 +61,7 @@ std::string render_summary(const json& report) {
   // What a reader needs first: the machine, the decisions, what went wrong; the table after.
   const json digest = report_digest(report);
   out << "machine: " << digest["machine"].get<std::string>() << "\n";
+  if (digest.contains("nodes")) out << "nodes: " << digest["nodes"].get<std::string>() << "\n";
   if (!digest["decisions"].empty()) out << "decisions:\n";
   for (const auto& d : digest["decisions"]) out << "  " << d["topic"].get<std::string>() << ": " << d["text"].get<std::string>() << "\n";
   if (digest["problems"].empty()) out << "what went wrong: nothing\n";

@@ -411,7 +411,9 @@ int run_suite(const RunOptions& o) {
     return std::string(r ? r : "0");
   }();
 
-  const json env = probes::collect_env();
+  json env = probes::collect_env();
+  if (external)  // which launcher started the ranks: the report names it beside the nodes they ran on
+    env["launch"] = {{"source", external->source}, {"world_size", external->world_size}, {"local_world_size", external->local_world_size}};
   for (const auto& w : env["warnings"]) std::fprintf(stderr, "warning: %s\n", w.get<std::string>().c_str());
   const json suite_json = suites::suite_to_json(suite);
   const std::string report_path = out + "/report.json";

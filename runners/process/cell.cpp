@@ -7,6 +7,8 @@
 #include <fstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include "core/datasheet.hpp"
 #include "core/errors.hpp"
 #include "probes/device/env.hpp"
@@ -228,7 +230,21 @@ json merge_ranks(const std::vector<json>& cells) {
       merged["reason"] = "rank " + std::to_string(r) + ": " + cells[r].value("reason", "");
     }
   }
+  // Nodes: the ranks grouped by the host they ran on, in rank order (node 0 holds rank 0). Launchers
+  // disagree on a node index (torchrun's GROUP_RANK, SLURM_NODEID, none under Open MPI, whose
+  // NODE_RANK is a rank within the node), the host name is what every launch shares.
+  json nodes = json::array();
+  for (size_t r = 0; r < cells.size(); ++r) {
+    const std::string host = cells[r].value("host", "");
+    size_t node = 0;
+    while (node < nodes.size() && nodes[node]["host"] != host) ++node;
+    if (node == nodes.size()) nodes.push_back({{"node", node}, {"host", host}, {"ranks", json::array()}});
+    nodes[node]["ranks"].push_back(r);
+    ranks[r]["host"] = host;
+    ranks[r]["node"] = node;
+  }
   merged["ranks"] = ranks;
+  merged["nodes"] = nodes;
   merged["slowest_rank"] = slowest >= 0 ? json(slow_rank) : json(nullptr);
   merged["rank_step_time_spread"] = fastest > 0 ? json(slowest / fastest - 1) : json(nullptr);
   if (merged.contains("metrics") && merged["metrics"].contains("rng")) {
@@ -242,6 +258,9 @@ json merge_ranks(const std::vector<json>& cells) {
 namespace {
 // Every rank writes its own result; rank 0's is the merge of all of them, which reach it through the store.
 void write_result(const std::string& result_path, suites::Communicator* comm, const CellRank& rk, json cell) {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  cell["host"] = host;  // which machine this rank ran on: merge_ranks groups the ranks into nodes by it
   if (comm && rk.rank != 0) {
     comm->store_set("result/" + std::to_string(rk.rank), cell.dump());
   } else if (comm) {

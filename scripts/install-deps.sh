@@ -18,7 +18,8 @@ packages=(
   dataset-fashion-mnist           # real data, read offline from /usr/share/datasets/fashion-mnist
   python3-jsonschema              # the schema test validates real reports with it
   openmpi-bin                     # `mpirun -np 2 trainscope run ...` is tested for real
-  iproute2                        # `ss`: the test of what a local run listens on
+  iproute2                        # `ss`: the test of what a local run listens on; ip, tc: the emulated cluster
+  slurmd slurmctld slurm-client munge  # SLURM across the emulated cluster's nodes (tests/multinode)
   libjs-chart.js                  # Chart.js, inlined into report.html (read at render time)
   chromium                        # headless: the test that report.html draws its charts offline
   fortunes                        # English text (data = text): byte-level tokens for the language models

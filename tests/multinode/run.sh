@@ -4,7 +4,7 @@
 # and PER_NODE run other cells: SUITE=hardware FILTER=collectives PER_NODE=1 measures the inter-node
 # link alone.
 #
-#   tests/multinode/run.sh torchrun [RUN ARGS...]     e.g. --set steps=5
+#   tests/multinode/run.sh torchrun|mpirun|slurm [RUN ARGS...]     e.g. --set steps=5
 #
 #   TRAINSCOPE  the binary (default build/trainscope)   OUT     report folder (default results/multinode-LAUNCHER)
 #   RATE        the inter-node link (default 1gbit)     LIMIT_S the whole launch's time limit (default 600)
@@ -44,13 +44,85 @@ case "$launcher" in
       pids+=($!)
     done
     ;;
+  mpirun)
+    # mpirun on node0 reaches node1 through rsh.sh (no ssh here); MASTER_ADDR is ours to give.
+    per=${PER_NODE:-2}
+    setsid timeout -k 5 "${LIMIT_S:-600}" "$here/cluster.sh" exec "$name" 0 \
+      env TRAINSCOPE_CLUSTER="$name" mpirun --allow-run-as-root --mca plm_rsh_agent "$PWD/$here/rsh.sh" \
+      --mca oob_tcp_if_include eth0 --mca btl_tcp_if_include eth0 -np $((2 * per)) --host "node0:$per,node1:$per" \
+      -x MASTER_ADDR=node0 -x MASTER_PORT=29400 -x OMP_NUM_THREADS=1 \
+      "$ts" run --suite "${SUITE:-parallel}" --filter "${FILTER:-/ws4\$}" --threads 1 --out "$out" "$@" > "$out/node0.log" 2>&1 &
+    pids+=($!)
+    ;;
+  slurm)
+    # Debian's slurm-wlm: munged, slurmctld on node0 and one slurmd per node, all in the foreground
+    # inside the nodes (the cluster's removal stops them), configured from the cluster's state folder.
+    for c in munged slurmctld slurmd srun sinfo; do
+      command -v "$c" > /dev/null || { echo "run.sh: '$c' is not installed (apt-get install slurmd slurmctld slurm-client munge)" >&2; exit 2; }
+    done
+    per=${PER_NODE:-2}
+    d="/tmp/trainscope-cluster-$name/slurm"
+    mkdir -p "$d/munge" "$d/state" "$d/log" "$d/spool/node0" "$d/spool/node1"
+    chmod 700 "$d/munge"
+    head -c 1024 /dev/urandom > "$d/munge/munge.key"
+    chmod 400 "$d/munge/munge.key"
+    cat > "$d/slurm.conf" <<CONF
+ClusterName=trainscope
+SlurmctldHost=node0(10.231.0.1)
+SlurmctldPort=16817
+SlurmdPort=16818
+AuthType=auth/munge
+AuthInfo=socket=$d/munge/munge.sock
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$d/state
+SlurmdSpoolDir=$d/spool/%n
+SlurmctldPidFile=$d/slurmctld.pid
+SlurmdPidFile=$d/slurmd-%n.pid
+SlurmctldLogFile=$d/log/slurmctld.log
+SlurmdLogFile=$d/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+SlurmdParameters=config_overrides
+NodeName=node0 NodeAddr=10.231.0.1 CPUs=$per State=UNKNOWN
+NodeName=node1 NodeAddr=10.231.0.2 CPUs=$per State=UNKNOWN
+PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+CONF
+    export SLURM_CONF="$d/slurm.conf"
+    # Each daemon from a subshell: not this script's job, so its end at the cluster's removal is silent.
+    ("$here/cluster.sh" exec "$name" 0 munged -F --force --key-file="$d/munge/munge.key" --socket="$d/munge/munge.sock" \
+      --pid-file="$d/munge/munged.pid" --log-file="$d/munge/munged.log" --seed-file="$d/munge/munged.seed" > "$d/log/munged.out" 2>&1 &)
+    for _ in $(seq 50); do [ -S "$d/munge/munge.sock" ] && break; sleep 0.1; done
+    ("$here/cluster.sh" exec "$name" 0 slurmctld -D -i -f "$SLURM_CONF" > "$d/log/slurmctld.out" 2>&1 &)
+    for node in 0 1; do ("$here/cluster.sh" exec "$name" "$node" slurmd -D -f "$SLURM_CONF" > "$d/log/slurmd$node.out" 2>&1 &); done
+    idle=0
+    for _ in $(seq 100); do
+      [ "$("$here/cluster.sh" exec "$name" 0 sinfo -h -o %t 2> /dev/null | sort -u)" = idle ] && { idle=1; break; }
+      sleep 0.1
+    done
+    [ "$idle" = 1 ] || { echo "run.sh: the SLURM cluster did not come up (logs in $d/log)" >&2; tail -n 5 "$d"/log/*.log >&2; exit 1; }
+    # -K1: a task that fails ends the step (the others would wait for it until their collective timeout).
+    setsid timeout -k 5 "${LIMIT_S:-600}" "$here/cluster.sh" exec "$name" 0 \
+      env OMP_NUM_THREADS=1 srun -K1 -N 2 --ntasks-per-node "$per" \
+      "$ts" run --suite "${SUITE:-parallel}" --filter "${FILTER:-/ws4\$}" --threads 1 --out "$out" "$@" > "$out/node0.log" 2>&1 &
+    pids+=($!)
+    ;;
   *)
-    echo "run.sh: unknown launcher '$launcher' (torchrun)" >&2
+    echo "run.sh: unknown launcher '$launcher' (torchrun, mpirun, slurm)" >&2
     exit 2
     ;;
 esac
 rc=0
 for p in "${pids[@]}"; do wait "$p" || rc=$?; done
-for node in 0 1; do tail -n 3 "$out/node$node.log" | sed "s/^/node$node: /"; done
+for node in 0 1; do [ -f "$out/node$node.log" ] && tail -n 3 "$out/node$node.log" | sed "s/^/node$node: /"; done
 echo "$out"
 exit "$rc"

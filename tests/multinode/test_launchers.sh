@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# ctest multinode_torchrun: torchrun across 2 namespace nodes x 2 ranks.
+# ctest multinode: torchrun, mpirun and SLURM's srun across 2 namespace nodes x 2 ranks, each with the
+# command line a user types.
 #  - the report names the launcher and the nodes (node0: ranks 0, 1; node1: ranks 2, 3), report.md too;
 #  - DDP and ZeRO-3 reach the same losses, bit for bit, as the same cells on 4 local ranks (Gloo's ring
 #    visits the ranks in the same order whatever host they are on);
@@ -18,8 +19,11 @@ fail() { echo "FAIL: $*"; exit 1; }
 export TRAINSCOPE="$ts" LIMIT_S=240 RATE=500mbit
 cells='mlp/ddp/ws4|gpt-tiny/zero3/ws4'
 
-OUT="$tmp/nodes" FILTER="$cells" tests/multinode/run.sh torchrun --set steps=8 > "$tmp/nodes.log" 2>&1 ||
-  { cat "$tmp/nodes.log"; fail "the 2-node torchrun launch failed"; }
+launchers="torchrun mpirun slurm"
+for l in $launchers; do
+  OUT="$tmp/$l" FILTER="$cells" tests/multinode/run.sh "$l" --set steps=8 > "$tmp/$l.log" 2>&1 ||
+    { cat "$tmp/$l.log"; fail "the 2-node $l launch failed"; }
+done
 timeout -k 5 240 "$ts" run --suite parallel --filter "$cells" --nproc 4 --threads 1 --set steps=8 --out "$tmp/local" \
   > "$tmp/local.log" 2>&1 || { cat "$tmp/local.log"; fail "the same cells on 4 local ranks failed"; }
 OUT="$tmp/inter" SUITE=hardware FILTER=collectives PER_NODE=1 tests/multinode/run.sh torchrun > "$tmp/inter.log" 2>&1 ||
@@ -27,31 +31,32 @@ OUT="$tmp/inter" SUITE=hardware FILTER=collectives PER_NODE=1 tests/multinode/ru
 timeout -k 5 240 "$ts" run --suite hardware --filter collectives --nproc 2 --out "$tmp/intra" > "$tmp/intra.log" 2>&1 ||
   { cat "$tmp/intra.log"; fail "the collectives on one node failed"; }
 
-/usr/bin/python3 - "$tmp" <<'EOF' || exit 1
+/usr/bin/python3 - "$tmp" $launchers <<'EOF' || exit 1
 import json, sys
-tmp = sys.argv[1]
-nodes = json.load(open(f"{tmp}/nodes/report.json"))
+tmp, launchers = sys.argv[1], sys.argv[2:]
 local = json.load(open(f"{tmp}/local/report.json"))
-errors = []
-launch = nodes["env"].get("launch", {})
-if launch.get("source") != "torchrun" or launch.get("world_size") != 4:
-    errors.append(f"env.launch: {launch}")
-expected = [{"node": 0, "host": "node0", "ranks": [0, 1]}, {"node": 1, "host": "node1", "ranks": [2, 3]}]
 by_name = {c["name"]: c for c in local["cells"]}
-for c in nodes["cells"]:
-    if c["status"] != "ok":
-        errors.append(f"{c['name']}: {c['status']} {c.get('reason')}")
-        continue
-    if c.get("nodes") != expected:
-        errors.append(f"{c['name']}: nodes {c.get('nodes')}")
-    mine, theirs = c["metrics"]["quality"]["step_losses"], by_name[c["name"]]["metrics"]["quality"]["step_losses"]
-    if mine != theirs:
-        errors.append(f"{c['name']}: losses on 2 nodes {mine[-3:]} != on 4 local ranks {theirs[-3:]}")
-line = "Ranks on 2 nodes (torchrun): node0 (ranks 0, 1), node1 (ranks 2, 3)."
-if line not in open(f"{tmp}/nodes/report.md").read():
-    errors.append(f"report.md does not say '{line}'")
-if len(nodes["cells"]) != 2:
-    errors.append(f"{len(nodes['cells'])} cells, not 2")
+errors = []
+for l in launchers:
+    nodes = json.load(open(f"{tmp}/{l}/report.json"))
+    launch = nodes["env"].get("launch", {})
+    if launch.get("source") != l or launch.get("world_size") != 4:
+        errors.append(f"{l}: env.launch: {launch}")
+    expected = [{"node": 0, "host": "node0", "ranks": [0, 1]}, {"node": 1, "host": "node1", "ranks": [2, 3]}]
+    for c in nodes["cells"]:
+        if c["status"] != "ok":
+            errors.append(f"{l}: {c['name']}: {c['status']} {c.get('reason')}")
+            continue
+        if c.get("nodes") != expected:
+            errors.append(f"{l}: {c['name']}: nodes {c.get('nodes')}")
+        mine, theirs = c["metrics"]["quality"]["step_losses"], by_name[c["name"]]["metrics"]["quality"]["step_losses"]
+        if mine != theirs:
+            errors.append(f"{l}: {c['name']}: losses on 2 nodes {mine[-3:]} != on 4 local ranks {theirs[-3:]}")
+    line = f"Ranks on 2 nodes ({l}): node0 (ranks 0, 1), node1 (ranks 2, 3)."
+    if line not in open(f"{tmp}/{l}/report.md").read():
+        errors.append(f"{l}: report.md does not say '{line}'")
+    if len(nodes["cells"]) != 2:
+        errors.append(f"{l}: {len(nodes['cells'])} cells, not 2")
 
 def allreduce_s(path, size):
     for c in json.load(open(path))["cells"]:
@@ -71,4 +76,4 @@ for e in errors:
     print("FAIL:", e)
 sys.exit(1 if errors else 0)
 EOF
-echo "multinode torchrun: ok"
+echo "multinode ($launchers): ok"

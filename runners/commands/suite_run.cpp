@@ -85,6 +85,10 @@ std::string rank_failure(const ChildOutcome& o, double timeout_s, const std::str
   return said.empty() ? why : why + ": " + said;
 }
 
+// How long past its collective timeout a launched rank may take to report its outcome to rank 0: its
+// cell process ends within the timeout, then writes its result and exits.
+constexpr double kOutcomeGrace_s = 10;
+
 // The ranks of a multi-rank cell that this process runs: all of them (local launch) or its own
 // (external launch). Returns the cell on the process that holds rank 0, this rank's outcome elsewhere.
 json run_ranks(const std::string& name, const json& config, const std::string& device, const std::string& stem,
@@ -92,6 +96,7 @@ json run_ranks(const std::string& name, const json& config, const std::string& d
   const int world = config["world_size"].get<int>();
   const double collective_timeout = config["collective_timeout_s"].get<double>();
   std::vector<int> mine;
+  json lost_nodes = json::array();  // hosts whose ranks all went silent under a launcher
   if (launch.external())
     mine.push_back(launch.rank);
   else
@@ -111,6 +116,9 @@ json run_ranks(const std::string& name, const json& config, const std::string& d
                      std::to_string(local_world), "--store", where, "--prefix", prefix});
     logs.push_back(rank_file(r, ".log"));
   }
+  // Under a launcher each rank says where it runs before it starts, so that rank 0 can name the node of
+  // ranks that never report back (a node lost mid-step).
+  if (launch.external()) store.set(prefix + "host/" + std::to_string(launch.rank), host_name());
   const GroupOutcome g = run_children(argvs, logs, timeout_s);
 
   // Every rank's outcome; under an external launcher they meet in the store, where rank 0's process
@@ -138,16 +146,28 @@ json run_ranks(const std::string& name, const json& config, const std::string& d
     store.set(prefix + "outcome/" + std::to_string(launch.rank), outcomes[0].dump());
     if (launch.rank != 0)  // this rank's own outcome; rank 0's process builds the cell
       return json{{"status", outcomes[0]["status"]}, {"reason", outcomes[0]["reason"]}, {"wall_s", g.wall_s}};
+    // One deadline for all: a lost node's ranks are waited for once, not one after the other.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(collective_timeout + kOutcomeGrace_s);
+    const auto left = [&deadline] {
+      return std::max(1.0, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count());
+    };
+    std::map<std::string, std::vector<int>> silent;  // host -> ranks that sent no outcome
     for (int r = 1; r < world; ++r) {
       try {
-        outcomes.push_back(json::parse(store.get(prefix + "outcome/" + std::to_string(r), collective_timeout + 30)));
+        outcomes.push_back(json::parse(store.get(prefix + "outcome/" + std::to_string(r), left())));
       } catch (const std::exception& e) {
         // Its `trainscope run` died or hangs: the cell says so and the suite goes on.
-        outcomes.push_back({{"rank", r}, {"ok", false}, {"status", "failed"}, {"signaled", false},
-                            {"failed_at", nullptr}, {"wall_s", nullptr},
-                            {"reason", std::string("sent no outcome: ") + e.what()}});
+        std::string host = "?";
+        try {
+          host = store.get(prefix + "host/" + std::to_string(r), 1.0);
+        } catch (const std::exception&) {
+        }
+        silent[host].push_back(r);
+        outcomes.push_back({{"rank", r}, {"ok", false}, {"status", "failed"}, {"signaled", false}, {"failed_at", nullptr},
+                            {"wall_s", nullptr}, {"host", host}, {"reason", std::string("sent no outcome: ") + e.what()}});
       }
     }
+    for (const auto& [host, ranks] : silent) lost_nodes.push_back({{"host", host}, {"ranks", ranks}});
   }
 
   // The cause among the failed ranks: one killed by a signal, else the one whose error came first
@@ -175,7 +195,18 @@ json run_ranks(const std::string& name, const json& config, const std::string& d
       for (const auto& r : stopped) list += (list.empty() ? "" : ", ") + r;
       reason += "; rank(s) " + list + " had not failed and were stopped (a rank that hangs looks like this)";
     }
+    // A node whose ranks went silent is the cause the others' connection errors point at: said first.
+    std::string lost;
+    for (const auto& n : lost_nodes) {
+      std::string list;
+      for (const auto& r : n["ranks"]) list += (list.empty() ? "" : ", ") + std::to_string(r.get<int>());
+      lost += (lost.empty() ? "" : "; ") + std::string("node ") + n["host"].get<std::string>() + " (rank" +
+              (n["ranks"].size() > 1 ? "s " : " ") + list + ") sent no outcome within " +
+              format_fixed(collective_timeout + kOutcomeGrace_s, 0) + " s: the node or its launcher was lost";
+    }
+    if (!lost.empty()) reason = lost + "; " + reason;
     cell = cell_without_metrics(name, config, device, (*culprit)["status"].get<std::string>(), reason);
+    if (!lost_nodes.empty()) cell["lost_nodes"] = lost_nodes;
   } else {
     cell = cell_without_metrics(name, config, device, "timeout",
                                 describe(ChildOutcome{ChildOutcome::Kind::TimedOut}, timeout_s) + " (" +

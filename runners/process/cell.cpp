@@ -7,8 +7,6 @@
 #include <fstream>
 #include <thread>
 
-#include <unistd.h>
-
 #include "core/datasheet.hpp"
 #include "core/errors.hpp"
 #include "probes/device/env.hpp"
@@ -21,6 +19,7 @@
 #include "probes/step/timing.hpp"
 #include "probes/trace/trace.hpp"
 #include "reports/report.hpp"
+#include "runners/process/launch.hpp"
 #include "suites/parallel/comm.hpp"
 #include "suites/hardware/measure.hpp"
 #include "suites/ssl/evaluate.hpp"
@@ -258,9 +257,7 @@ json merge_ranks(const std::vector<json>& cells) {
 namespace {
 // Every rank writes its own result; rank 0's is the merge of all of them, which reach it through the store.
 void write_result(const std::string& result_path, suites::Communicator* comm, const CellRank& rk, json cell) {
-  char host[256] = {0};
-  gethostname(host, sizeof host - 1);
-  cell["host"] = host;  // which machine this rank ran on: merge_ranks groups the ranks into nodes by it
+  cell["host"] = host_name();  // which machine this rank ran on: merge_ranks groups the ranks into nodes by it
   if (comm && rk.rank != 0) {
     comm->store_set("result/" + std::to_string(rk.rank), cell.dump());
   } else if (comm) {

@@ -64,6 +64,12 @@ int bound_port(int fd) {
 
 }  // namespace
 
+std::string host_name() {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
 bool is_loopback(const std::string& host) {
   if (host == "localhost") return true;
   in_addr a{};

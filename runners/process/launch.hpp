@@ -39,6 +39,8 @@ std::optional<Launch> detect_launch(const std::map<std::string, std::string>& en
 std::map<std::string, std::string> process_env();
 // A loopback TCP port that was free a moment ago (for a rendezvous that others must know beforehand).
 int free_local_port();
+// This machine's host name (gethostname): what tells one node's ranks from another's.
+std::string host_name();
 // 127.0.0.0/8 or "localhost": where a store server listens on loopback only.
 bool is_loopback(const std::string& host);
 // "node[01-04,07],gpu2" -> "node01"; "a,b" -> "a".

@@ -7,7 +7,8 @@
 #  - the shaped link shows: a 4 MiB all-reduce between the nodes (one rank each) takes at least the time
 #    the link's rate allows (4 MiB each way at RATE: 67 ms at 500 Mbit/s; 10% margin for the rate's
 #    rounding in tbf) and at least 3x the same all-reduce between 2 ranks of one node (loopback, ~6-12 ms
-#    on 2 busy cores).
+#    on 2 busy cores);
+#  - a node lost mid-step (below).
 # Exit 77 (skipped) where this machine cannot make network namespaces.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,6 +31,25 @@ OUT="$tmp/inter" SUITE=hardware FILTER=collectives PER_NODE=1 tests/multinode/ru
   { cat "$tmp/inter.log"; fail "the collectives between the nodes failed"; }
 timeout -k 5 240 "$ts" run --suite hardware --filter collectives --nproc 2 --out "$tmp/intra" > "$tmp/intra.log" 2>&1 ||
   { cat "$tmp/intra.log"; fail "the collectives on one node failed"; }
+
+# A node lost mid-step: every process of node1 killed while the cell trains (torchrun). Rank 0 must end
+# the cell within collective_timeout_s + 10 s (its grace for outcomes) naming node1 and its ranks, keep
+# the report, and leave no process behind.
+OUT="$tmp/lost" FILTER='mlp/ddp/ws4' LIMIT_S=120 tests/multinode/run.sh torchrun --set steps=100000 \
+  --set collective_timeout_s=10 > "$tmp/lost.log" 2>&1 &
+runner=$!
+for _ in $(seq 600); do grep -q "mlp/ddp/ws4 on cpu" "$tmp/lost/node0.log" 2> /dev/null && break; sleep 0.1; done
+sleep 4  # into training: the rendezvous is long done
+node1="tsc-mn$runner-n1"
+[ -n "$(ip netns pids "$node1" 2> /dev/null)" ] || { cat "$tmp/lost.log"; fail "no process on $node1 to kill"; }
+killed=$(date +%s)
+ip netns pids "$node1" | xargs -r kill -9
+wait "$runner"
+took=$(( $(date +%s) - killed ))
+echo "node lost: the report came $took s after the kill"
+[ "$took" -le 40 ] || fail "rank 0 took $took s to give up on the lost node (collective timeout 10 s + 10 s grace)"
+ip netns list | grep -q "tsc-mn$runner-" && fail "the cluster's namespaces outlived run.sh"
+pgrep -f "$tmp/lost" > /dev/null && fail "processes of the lost-node run outlived it: $(pgrep -af "$tmp/lost")"
 
 /usr/bin/python3 - "$tmp" $launchers <<'EOF' || exit 1
 import json, sys
@@ -57,6 +77,12 @@ for l in launchers:
         errors.append(f"{l}: report.md does not say '{line}'")
     if len(nodes["cells"]) != 2:
         errors.append(f"{l}: {len(nodes['cells'])} cells, not 2")
+
+lost = json.load(open(f"{tmp}/lost/report.json"))["cells"][0]
+if lost["status"] != "failed" or not lost.get("reason", "").startswith("node node1 (ranks 2, 3) sent no outcome"):
+    errors.append(f"lost node: {lost['status']}: {lost.get('reason')}")
+if lost.get("lost_nodes") != [{"host": "node1", "ranks": [2, 3]}]:
+    errors.append(f"lost node: lost_nodes {lost.get('lost_nodes')}")
 
 def allreduce_s(path, size):
     for c in json.load(open(path))["cells"]:

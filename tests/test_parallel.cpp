@@ -743,8 +743,11 @@ void expect_launched_report(const std::string& out, const Result& r, const std::
 // What `torchrun --nproc-per-node 2 --no-python trainscope run ...` sets, set by hand: the two
 // processes form one group, rank 0 writes the report with the merged cell.
 TEST(Parallel, TorchrunVariablesFormTheGroup) {
-  // The launched suite and a one-process cell, which a 2-rank launch must skip.
+  // The launched suite and a one-process cell, which a 2-rank launch must skip (listed cells are the
+  // suite's only cells: the base one is listed too).
   const std::string suite = write("torchrun.toml", std::string(kLaunchedSuite) + R"(
+[[cells]]
+name = "launched"
 [[cells]]
 name = "alone"
 world_size = 1

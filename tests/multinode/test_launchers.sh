@@ -8,7 +8,7 @@
 #    the link's rate allows (4 MiB each way at RATE: 67 ms at 500 Mbit/s; 10% margin for the rate's
 #    rounding in tbf) and at least 3x the same all-reduce between 2 ranks of one node (loopback, ~6-12 ms
 #    on 2 busy cores);
-#  - a node lost mid-step (below).
+#  - the RNG probe's injected faults caught on 2 x 2 ranks; a node lost mid-step (below).
 # Exit 77 (skipped) where this machine cannot make network namespaces.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -31,6 +31,11 @@ OUT="$tmp/inter" SUITE=hardware FILTER=collectives PER_NODE=1 tests/multinode/ru
   { cat "$tmp/inter.log"; fail "the collectives between the nodes failed"; }
 timeout -k 5 240 "$ts" run --suite hardware --filter collectives --nproc 2 --out "$tmp/intra" > "$tmp/intra.log" 2>&1 ||
   { cat "$tmp/intra.log"; fail "the collectives on one node failed"; }
+
+# The RNG probe across nodes: the pitfalls suite's injected faults (one data seed for all, weights not
+# broadcast) on 2 x 2 ranks, caught as on local ranks.
+OUT="$tmp/rng" SUITE=pitfalls FILTER='^rng/' tests/multinode/run.sh torchrun --set world_size=4 --set steps=20 > "$tmp/rng.log" 2>&1 ||
+  { cat "$tmp/rng.log"; fail "the RNG cells on 2 nodes failed"; }
 
 # A node lost mid-step: every process of node1 killed while the cell trains (torchrun). Rank 0 must end
 # the cell within collective_timeout_s + 10 s (its grace for outcomes) naming node1 and its ranks, keep
@@ -78,6 +83,13 @@ for l in launchers:
     if len(nodes["cells"]) != 2:
         errors.append(f"{l}: {len(nodes['cells'])} cells, not 2")
 
+rng = json.load(open(f"{tmp}/rng/report.json"))
+violations = {c["name"]: c["metrics"]["rng"]["violations"] for c in rng["cells"] if c["status"] == "ok"}
+if violations.get("rng/clean") != 0 or not violations.get("rng/same-data-seed") or not violations.get("rng/skip-broadcast"):
+    errors.append(f"RNG probe on 2 nodes: violations {violations}")
+verdict = next((p["verdict"] for p in rng.get("pitfalls", []) if p["id"] == "rng"), "")
+if "caught every injected fault" not in verdict:
+    errors.append(f"RNG pitfall on 2 nodes: {verdict}")
 lost = json.load(open(f"{tmp}/lost/report.json"))["cells"][0]
 if lost["status"] != "failed" or not lost.get("reason", "").startswith("node node1 (ranks 2, 3) sent no outcome"):
     errors.append(f"lost node: {lost['status']}: {lost.get('reason')}")

@@ -90,6 +90,25 @@ void hardware_rules(const json& report, json& out) {
       out.push_back(rec("hardware.attention." + g["dtype"].get<std::string>(), "info", text,
                         {{"forward_flops_per_s", f}, {"backward_flops_per_s", b}, {"shape", a}}, {c["name"]}));
     }
+    // A cluster's two levels: the all-reduce's bus bandwidth at the largest size within a node and
+    // across nodes.
+    const json levels = value_at(c, {"metrics", "hardware", "collectives", "levels", "rows"});
+    if (levels.is_array() && !levels.empty()) {
+      std::map<std::string, json> best;  // level -> its largest all-reduce row
+      for (const auto& r : levels)
+        if (r.value("op", "") == "all-reduce" && (!best.count(r["level"]) || r["bytes"] > best[r["level"]]["bytes"])) best[r["level"]] = r;
+      if (best.count("intra-node") && best.count("inter-node")) {
+        const double intra = best["intra-node"]["busbw_gbps"], inter = best["inter-node"]["busbw_gbps"];
+        const double ratio = inter > 0 ? intra / inter : 0;
+        std::string text = "all-reduce bus bandwidth " + format_fixed(inter, 3) + " GB/s across nodes against " +
+                           format_fixed(intra, 3) + " GB/s within a node (" + format_bytes(best["inter-node"]["bytes"].get<double>()) + ")";
+        if (ratio >= 2)
+          text += ": " + format_fixed(ratio, 1) + "x slower, so collectives over every rank are bound by the link between the nodes; " +
+                  "sharding within a node and reducing across nodes (hybrid sharding) keeps the heavy traffic inside";
+        out.push_back(rec("hardware.collectives.levels", "info", text,
+                          {{"intra_node_busbw_gbps", intra}, {"inter_node_busbw_gbps", inter}, {"ratio", ratio}}, {c["name"]}));
+      }
+    }
     const json mem = value_at(c, {"metrics", "hardware", "memory"});
     if (mem.is_object() && mem["bandwidth_gbps"].is_number()) {
       const double bw = mem["bandwidth_gbps"];

@@ -232,9 +232,19 @@ TEST(HardwareSuite, RecommendationsSayWhatFallsShortAndByHowMuch) {
   mem_cell["metrics"]["hardware"]["memory"] = {{"bandwidth_gbps", 3360.0}, {"datasheet_gbps", 4800.0}, {"fraction_of_datasheet", 0.7}};
   json sustained = {{"name", "sustained"}, {"status", "ok"}};
   sustained["metrics"]["timing"]["throughput_over_run"] = {{"window_s", 60.0}, {"drop", 0.12}, {"windows", json::array()}};
+  // Two nodes: the all-reduce within a node at 0.36 GB/s bus bandwidth, across nodes at 0.06 (6x).
+  json coll = {{"name", "collectives"}, {"status", "ok"}};
+  auto level = [](const char* name, int64_t bytes, double busbw) {
+    return json{{"level", name}, {"group_size", 2}, {"op", "all-reduce"}, {"bytes", bytes}, {"time_s", 0.01}, {"algbw_gbps", busbw},
+                {"busbw_gbps", busbw}};
+  };
+  coll["metrics"]["hardware"]["collectives"] = {
+      {"backend", "gloo"}, {"world_size", 4},
+      {"levels", {{"nodes", 2}, {"ranks_per_node", 2}, {"rows", {level("intra-node", 1 << 20, 0.2), level("intra-node", 16 << 20, 0.36),
+                                                                 level("inter-node", 1 << 20, 0.05), level("inter-node", 16 << 20, 0.06)}}}}};
   json report = {{"env", json::object()}, {"suite", {{"name", "hardware"}}}};
-  for (json* c : {&gemm_cell, &mem_cell, &sustained}) (*c)["config"] = RunConfig{}.to_json();  // as every cell has
-  report["cells"] = json::array({gemm_cell, mem_cell, sustained});
+  for (json* c : {&gemm_cell, &mem_cell, &sustained, &coll}) (*c)["config"] = RunConfig{}.to_json();  // as every cell has
+  report["cells"] = json::array({gemm_cell, mem_cell, sustained, coll});
   std::map<std::string, json> by_id;
   for (const auto& r : reports::recommend(report)) by_id[r["id"]] = r;
   ASSERT_TRUE(by_id.count("hardware.gemm.bf16"));
@@ -250,6 +260,11 @@ TEST(HardwareSuite, RecommendationsSayWhatFallsShortAndByHowMuch) {
   EXPECT_FALSE(by_id.count("hardware.attention.fp8"));
   EXPECT_EQ(by_id["hardware.memory"]["severity"], "warn");
   EXPECT_EQ(by_id["hardware.throttling"]["severity"], "warn");
+  ASSERT_TRUE(by_id.count("hardware.collectives.levels"));  // the largest size of each level, 16 MiB
+  EXPECT_NE(by_id["hardware.collectives.levels"]["text"].get<std::string>().find(
+                "0.060 GB/s across nodes against 0.360 GB/s within a node (16.0 MiB): 6.0x slower"),
+            std::string::npos)
+      << by_id["hardware.collectives.levels"]["text"];
   EXPECT_NE(by_id["hardware.throttling"]["text"].get<std::string>().find("12.0%"), std::string::npos);
 }
 

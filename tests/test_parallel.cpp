@@ -131,6 +131,16 @@ TEST(Parallel, LaunchVariables) {
   EXPECT_EQ(s->master_addr, "gpu07");
   EXPECT_EQ(s->master_port, 29500);
   EXPECT_TRUE(s->serve_store);
+  // The tasks on this node (what tells a launch that spans hosts): srun -N 2 -n 4 without
+  // --ntasks-per-node gives only the step's tasks per node; one node holds the whole world.
+  auto per_node = [](std::map<std::string, std::string> env) {
+    env.insert({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}});
+    return runners::detect_launch(env)->local_world_size;
+  };
+  EXPECT_EQ(per_node({{"SLURM_NNODES", "2"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}}), 2);
+  EXPECT_EQ(per_node({{"SLURM_NNODES", "2"}, {"SLURM_NTASKS_PER_NODE", "2"}}), 2);
+  EXPECT_EQ(per_node({{"SLURM_NNODES", "1"}}), 4);
+  EXPECT_EQ(per_node({{"SLURM_STEP_NUM_NODES", "1"}, {"SLURM_NNODES", "3"}}), 4);  // the step's nodes, not the job's
   auto m = detect_launch({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"},
                           {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}});
   ASSERT_TRUE(m.has_value());

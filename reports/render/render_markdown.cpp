@@ -151,6 +151,18 @@ void hardware_tables(const json& report, json& tables) {
         rows.push_back({op + " (" + hw["collectives"].value("backend", "?") + ", " + std::to_string(hw["collectives"].value("world_size", 0)) + " ranks)",
                         "busbw " + format_fixed(r.value("busbw_gbps", 0.0), 2) + " GB/s", "-", "-",
                         "at " + format_bytes(r.value("bytes", 0.0)) + ", " + format_seconds(r.value("time_s", 0.0)) + " per call"});
+      // Across hosts, each level on its own groups.
+      const json levels = value_at(hw, {"collectives", "levels", "rows"});
+      for (const std::string level : {"intra-node", "inter-node"}) {
+        json mine = json::array();
+        for (const auto& r : levels.is_array() ? levels : json::array())
+          if (r.value("level", "") == level) mine.push_back(r);
+        for (const auto& [op, r] : largest_per_op(mine))
+          rows.push_back({op + " " + (level == "intra-node" ? "within a node" : "across nodes") + " (groups of " +
+                              std::to_string(r.value("group_size", 0)) + ")",
+                          "busbw " + format_fixed(r.value("busbw_gbps", 0.0), 3) + " GB/s", "-", "-",
+                          "at " + format_bytes(r.value("bytes", 0.0)) + ", " + format_seconds(r.value("time_s", 0.0)) + " per call"});
+      }
     }
     if (hw.contains("copy")) {
       const json& m = hw["copy"];

@@ -149,6 +149,16 @@ std::string render_summary(const json& report) {
       out << "  " << pad(op, 15) << " " << format_bytes(r.value("bytes", 0.0)) << "  busbw "
           << format_fixed(r.value("busbw_gbps", 0.0), 2) << " GB/s  algbw " << format_fixed(r.value("algbw_gbps", 0.0), 2)
           << " GB/s  " << format_seconds(r.value("time_s", 0.0)) << " per call\n";
+    const json levels = value_at(c, {"metrics", "hardware", "collectives", "levels", "rows"});
+    for (const std::string level : {"intra-node", "inter-node"}) {
+      json mine = json::array();
+      for (const auto& r : levels.is_array() ? levels : json::array())
+        if (r.value("level", "") == level) mine.push_back(r);
+      for (const auto& [op, r] : largest_per_op(mine))
+        out << "  " << pad(op, 15) << " " << (level == "intra-node" ? "within a node" : "across nodes ") << " (groups of "
+            << r.value("group_size", 0) << ") " << format_bytes(r.value("bytes", 0.0)) << "  busbw "
+            << format_fixed(r.value("busbw_gbps", 0.0), 3) << " GB/s  " << format_seconds(r.value("time_s", 0.0)) << " per call\n";
+    }
   }
   // Self-supervised cells: the frozen encoder beside its floors and sibling, then what pre-training
   // bought per label fraction against scratch at equal compute.

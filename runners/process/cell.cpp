@@ -323,7 +323,8 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
       const bool cuda = device.rfind("cuda", 0) == 0;
       const std::string backend = config.backend == "auto" ? (cuda ? "nccl" : "gloo") : config.backend;
       comm = std::make_unique<suites::Communicator>(
-          suites::Rendezvous{rk.store_host, rk.store_port, rk.prefix, rk.rank, rk.world}, backend, torch::Device(device),
+          suites::Rendezvous{rk.store_host, rk.store_port, rk.prefix, rk.rank, rk.world, rk.local_world < rk.world}, backend,
+          torch::Device(device),
           config.collective_timeout_s);
       comm->set_observer([&hooks](const CollectiveInfo& c) { hooks.collective(c); });
       hooks.add(std::make_shared<probes::CommProbe>());  // before the trainer: it sees the initial broadcast
@@ -356,10 +357,11 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
         info.world_size = rk.world;
         info.collectives = comm->implementation();
         hooks.run_begin(info);
-        suites::collectives_sweep(*comm, device, static_cast<int>(config.warmup_steps), static_cast<int>(config.steps));
+        const json levels = suites::collectives_sweep(*comm, device, static_cast<int>(config.warmup_steps), static_cast<int>(config.steps));
         for (const auto& p : hooks.probes())
           if (p->name() == "comm") metrics["comm"] = p->section();
         metrics["hardware"]["collectives"] = {{"backend", comm->backend()}, {"world_size", rk.world}};
+        if (!levels.is_null()) metrics["hardware"]["collectives"]["levels"] = levels;
         cell["rank"] = rk.rank;
         cell["world_size"] = rk.world;
       }

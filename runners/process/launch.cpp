@@ -137,8 +137,11 @@ std::optional<Launch> detect_launch(const std::map<std::string, std::string>& en
     l.rank = to_int(env, "SLURM_PROCID");
     l.world_size = to_int(env, "SLURM_NTASKS");
     l.local_rank = env.count("SLURM_LOCALID") ? to_int(env, "SLURM_LOCALID") : 0;
-    const std::string per_node = value_or(env, "SLURM_NTASKS_PER_NODE", "");
-    l.local_world_size = per_node.empty() ? 1 : std::max(1, std::atoi(per_node.c_str()));
+    // The tasks on this node: all of them on one node, else --ntasks-per-node's, else the first entry of
+    // the step's tasks per node ("2(x2)", "3,1": block distribution puts rank 0's node first).
+    const std::string per_node = value_or(env, "SLURM_NTASKS_PER_NODE", value_or(env, "SLURM_STEP_TASKS_PER_NODE", ""));
+    const std::string nodes_n = value_or(env, "SLURM_STEP_NUM_NODES", value_or(env, "SLURM_NNODES", ""));
+    l.local_world_size = nodes_n == "1" ? l.world_size : per_node.empty() ? 1 : std::max(1, std::atoi(per_node.c_str()));
     const std::string nodes = value_or(env, "SLURM_STEP_NODELIST", value_or(env, "SLURM_JOB_NODELIST", ""));
     if (!nodes.empty()) l.master_addr = first_slurm_host(nodes);
   } else if (env.count("OMPI_COMM_WORLD_RANK")) {

@@ -5,6 +5,8 @@
 #include <functional>
 #include <tuple>
 
+#include <unistd.h>
+
 #include "core/datasheet.hpp"
 #include "core/stats.hpp"
 #include "suites/models/models.hpp"
@@ -396,7 +398,80 @@ json copy_bandwidth(const std::string& device) {
               {"device_to_host_gbps", rate(false)}};
 }
 
-void collectives_sweep(Communicator& comm, const std::string& device, int warmup, int iterations) {
+namespace {
+
+// nccl-tests' bus-bandwidth factor for an op over n ranks.
+double busbw_factor(const std::string& op, double n) { return op == "all-reduce" ? 2 * (n - 1) / n : (n - 1) / n; }
+
+// The two levels of a cluster, each measured on its own groups: within a node (every node's ranks
+// together) and across nodes (the ranks with the same local index, one per node), all groups of a
+// level at once, as a hierarchical collective runs them. Rank 0's groups' rows (time per call on the
+// host clock, algbw, busbw by nccl-tests' factors); null when the ranks do not span 2 hosts or more
+// with as many ranks on each.
+json collective_levels(Communicator& comm, const std::string& device, int warmup, int iterations) {
+  const int world = comm.world_size(), me = comm.rank();
+  char name[256] = {0};
+  gethostname(name, sizeof name - 1);
+  comm.store_set("levels/host/" + std::to_string(me), name);
+  std::vector<std::string> hosts;
+  for (int r = 0; r < world; ++r) hosts.push_back(comm.store_get("levels/host/" + std::to_string(r)));
+  std::vector<std::vector<int>> nodes;  // ranks per host, hosts in order of their first rank
+  std::vector<std::string> names;
+  for (int r = 0; r < world; ++r) {
+    const auto at = std::find(names.begin(), names.end(), hosts[r]);
+    if (at == names.end()) {
+      names.push_back(hosts[r]);
+      nodes.push_back({r});
+    } else {
+      nodes[at - names.begin()].push_back(r);
+    }
+  }
+  const size_t per = nodes[0].size();
+  if (nodes.size() < 2 || std::any_of(nodes.begin(), nodes.end(), [per](const auto& n) { return n.size() != per; })) return nullptr;
+  size_t my_node = 0, my_index = 0;
+  for (size_t n = 0; n < nodes.size(); ++n)
+    for (size_t i = 0; i < per; ++i)
+      if (nodes[n][i] == me) my_node = n, my_index = i;
+  json rows = json::array();
+  const int64_t largest = is_cuda(device) ? (int64_t{1} << 30) : (int64_t{16} << 20);
+  for (const std::string level : {"intra-node", "inter-node"}) {
+    std::vector<int> group;
+    if (level == "intra-node") {
+      group = nodes[my_node];
+    } else {
+      for (const auto& n : nodes) group.push_back(n[my_index]);
+    }
+    if (group.size() < 2) continue;
+    const std::string tag = level + std::to_string(level == "intra-node" ? my_node : my_index);
+    std::unique_ptr<Communicator> sub = comm.split(group, tag);
+    const double n = static_cast<double>(group.size());
+    for (int64_t bytes = 1024; bytes <= largest; bytes *= 4) {
+      const int64_t count = bytes / 4 / static_cast<int64_t>(group.size()) * static_cast<int64_t>(group.size());
+      const auto opts = torch::TensorOptions().dtype(torch::kFloat).device(device);
+      torch::Tensor full = torch::ones({count}, opts), shard = torch::ones({count / static_cast<int64_t>(group.size())}, opts);
+      for (const std::string op : {"all-reduce", "all-gather", "reduce-scatter"}) {
+        double total = 0;
+        for (int it = 0; it < warmup + iterations; ++it) {
+          const auto t0 = std::chrono::steady_clock::now();
+          if (op == "all-reduce") sub->all_reduce(full, false, false);
+          else if (op == "all-gather") sub->all_gather(full, shard);
+          else sub->reduce_scatter(shard, full, false);
+          sync(device);
+          if (it >= warmup) total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+        const double t = total / iterations, algbw = static_cast<double>(count * 4) / t / 1e9;
+        rows.push_back({{"level", level}, {"group_size", group.size()}, {"op", op}, {"bytes", count * 4}, {"time_s", t},
+                        {"algbw_gbps", algbw}, {"busbw_gbps", algbw * busbw_factor(op, n)}});
+      }
+    }
+    comm.barrier();  // one level at a time
+  }
+  return {{"nodes", nodes.size()}, {"ranks_per_node", per}, {"hosts", names}, {"rows", rows}};
+}
+
+}  // namespace
+
+json collectives_sweep(Communicator& comm, const std::string& device, int warmup, int iterations) {
   torch::NoGradGuard no_grad;
   const int64_t world = comm.world_size();
   const int64_t largest = is_cuda(device) ? (int64_t{1} << 30) : (int64_t{64} << 20);
@@ -412,6 +487,7 @@ void collectives_sweep(Communicator& comm, const std::string& device, int warmup
     }
   }
   comm.set_step(-1);
+  return collective_levels(comm, device, warmup, iterations);
 }
 
 }  // namespace trainscope::suites

@@ -48,6 +48,9 @@ json copy_bandwidth(const std::string& device);
 // from 1 KiB up (x4) to 64 MiB on CPU, 1 GiB on GPU, `warmup` + `iterations` of each; the comm probe
 // records them (iteration i is "step" i, so warm-up iterations are left out) and reports time, algbw
 // and busbw per (op, size).
-void collectives_sweep(Communicator& comm, const std::string& device, int warmup, int iterations);
+// Across hosts it also measures each level on its own groups (within a node, across nodes) and
+// returns them ({"nodes", "ranks_per_node", "hosts", "rows": [{"level", "group_size", "op", "bytes",
+// "time_s", "algbw_gbps", "busbw_gbps"}]}); null on one host.
+json collectives_sweep(Communicator& comm, const std::string& device, int warmup, int iterations);
 
 }  // namespace trainscope::suites

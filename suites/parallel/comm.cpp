@@ -5,6 +5,10 @@
 #include <cstdlib>
 #include <iostream>
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <unistd.h>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -27,11 +31,30 @@ double now_s() {
 }
 
 // Gloo's transport: the interface GLOO_SOCKET_IFNAME names (as PyTorch does), loopback for a local
-// group, else the address the host name resolves to.
-std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& host) {
+// group, else the address the host name resolves to. When the ranks span hosts and that address is
+// loopback (a host name mapped to 127.0.1.1, as Debian's installer does), the peers on other hosts
+// would time out connecting to it after the whole collective timeout: said at once instead.
+std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& host, bool spans_hosts, int rank) {
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
     return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
   if (host == "127.0.0.1" || host == "localhost") return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  if (spans_hosts) {
+    char name[256] = {0};
+    gethostname(name, sizeof name - 1);
+    addrinfo hints{}, *found = nullptr;
+    hints.ai_family = AF_INET;
+    std::string address = "nothing";
+    if (getaddrinfo(name, nullptr, &hints, &found) == 0 && found) {
+      char text[INET_ADDRSTRLEN] = {0};
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr, text, sizeof text);
+      address = text;
+      freeaddrinfo(found);
+    }
+    if (address == "nothing" || address.rfind("127.", 0) == 0)
+      throw std::runtime_error("rank " + std::to_string(rank) + ": Gloo would offer the ranks on other hosts " + address +
+                               " (what this host's name '" + name + "' resolves to), which they cannot reach: set " +
+                               "GLOO_SOCKET_IFNAME to the interface that reaches them (eth0, ib0, ...)");
+  }
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
@@ -39,7 +62,7 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& host) 
 
 Communicator::Communicator(const Rendezvous& rv, const std::string& backend, const torch::Device& device,
                            double timeout_s)
-    : rank_(rv.rank), world_(rv.world_size), backend_(backend), device_(device) {
+    : rv_(rv), timeout_s_(timeout_s), rank_(rv.rank), world_(rv.world_size), backend_(backend), device_(device) {
   // Gloo's native flat all-gather and reduce-scatter measured 1.3-3x slower than the emulation from
   // 4 MiB up (2 ranks, LibTorch 2.11; smaller sizes within the noise): emulated on Gloo, native on NCCL.
   native_flat_ = backend_ == "nccl";
@@ -71,7 +94,7 @@ Communicator::Communicator(const Rendezvous& rv, const std::string& backend, con
 #endif
   } else {
     auto o = c10d::ProcessGroupGloo::Options::create(timeout);
-    o->devices.push_back(gloo_device(rv.host));
+    o->devices.push_back(gloo_device(rv.host, rv.spans_hosts, rv.rank));
     auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank_, world_, o);
     pg_ = compat::as_process_group<c10d::ProcessGroup>(gloo, store_, rank_, world_, false);
     // For the tests of the device-clock path on a machine without one: every Work "ran" this long.
@@ -280,6 +303,18 @@ void Communicator::broadcast(std::vector<torch::Tensor> tensors, int root) {
 }
 
 void Communicator::barrier() { pg_->barrier()->wait(); }
+
+std::unique_ptr<Communicator> Communicator::split(const std::vector<int>& ranks, const std::string& tag) const {
+  const auto me = std::find(ranks.begin(), ranks.end(), rank_);
+  if (me == ranks.end()) throw std::logic_error("split: rank " + std::to_string(rank_) + " is not in group " + tag);
+  Rendezvous r = rv_;
+  r.prefix = rv_.prefix + "group/" + tag + "/";
+  r.rank = static_cast<int>(me - ranks.begin());
+  r.world_size = static_cast<int>(ranks.size());
+  auto sub = std::make_unique<Communicator>(r, backend_, device_, timeout_s_);
+  sub->set_native_flat_collectives(native_flat_);
+  return sub;
+}
 
 void Communicator::store_set(const std::string& key, const std::string& value) {
   store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));

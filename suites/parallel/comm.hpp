@@ -33,6 +33,7 @@ struct Rendezvous {
   int port = 0;
   std::string prefix;
   int rank = 0, world_size = 1;
+  bool spans_hosts = false;  // the launcher put ranks on other hosts (its local world < the world)
 };
 
 class Communicator;
@@ -102,6 +103,11 @@ class Communicator {
   void broadcast(std::vector<torch::Tensor> tensors, int root);
   void barrier();
 
+  // A communicator over some of the world's ranks (`ranks`, world ranks in order; this one among them)
+  // on the same store under a prefix of its own: every rank in `ranks` calls it with the same list and
+  // tag (the collectives cell's per-node and cross-node groups).
+  std::unique_ptr<Communicator> split(const std::vector<int>& ranks, const std::string& tag) const;
+
   // Small key-value exchange through the store (results, fingerprints); get waits up to the timeout.
   void store_set(const std::string& key, const std::string& value);
   std::string store_get(const std::string& key);
@@ -112,6 +118,8 @@ class Communicator {
   double device_seconds(const std::vector<c10::intrusive_ptr<c10d::Work>>& works) const;
   void timed(const std::string& op, int64_t bytes, const std::function<void()>& body, bool record = true);
 
+  Rendezvous rv_;
+  double timeout_s_ = 0;
   int rank_ = 0, world_ = 1;
   std::string backend_;
   torch::Device device_;

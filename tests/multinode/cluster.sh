@@ -7,6 +7,7 @@
 #
 #   cluster.sh check                 exit 0 if namespaces can be made here, else says why (exit 77)
 #   cluster.sh up NAME N [RATE]      creates the nodes; the state folder is /tmp/trainscope-cluster-NAME
+#                                    (LOOPBACK_NODE=i: node<i>'s own name resolves to 127.0.1.1)
 #   cluster.sh exec NAME I CMD...    runs CMD on node I: its network, hostname and hosts file
 #   cluster.sh down NAME             kills every process on the nodes and removes them (safe to repeat)
 #
@@ -33,7 +34,10 @@ up() {
   down "$name"
   dir=$(state "$name")
   mkdir -p "$dir"
-  { echo "127.0.0.1 localhost"; for ((i = 0; i < n; i++)); do echo "10.231.0.$((i + 1)) node$i"; done; } > "$dir/hosts"
+  # LOOPBACK_NODE=i maps node<i>'s name to 127.0.1.1 first, as Debian's installer maps a host's own name:
+  # the misconfiguration that makes Gloo offer other hosts a loopback address.
+  { echo "127.0.0.1 localhost"; [ -n "${LOOPBACK_NODE:-}" ] && echo "127.0.1.1 node$LOOPBACK_NODE"
+    for ((i = 0; i < n; i++)); do echo "10.231.0.$((i + 1)) node$i"; done; } > "$dir/hosts"
   echo "$n" > "$dir/nodes"
   ip netns add "$(ns "$name" sw)" || die "cannot create the switch namespace"
   ip -n "$(ns "$name" sw)" link add br0 type bridge

@@ -4,11 +4,12 @@
 #  - the report names the launcher and the nodes (node0: ranks 0, 1; node1: ranks 2, 3), report.md too;
 #  - DDP and ZeRO-3 reach the same losses, bit for bit, as the same cells on 4 local ranks (Gloo's ring
 #    visits the ranks in the same order whatever host they are on);
-#  - the shaped link shows: a 4 MiB all-reduce between the nodes (one rank each) takes at least the time
-#    the link's rate allows (4 MiB each way at RATE: 67 ms at 500 Mbit/s; 10% margin for the rate's
-#    rounding in tbf) and at least 3x the same all-reduce between 2 ranks of one node (loopback, ~6-12 ms
-#    on 2 busy cores);
-#  - the RNG probe's injected faults caught on 2 x 2 ranks; a node lost mid-step (below).
+#  - the collectives cell's two levels on 2 x 2 ranks: a 4 MiB all-reduce across the nodes (the groups
+#    {0, 2} and {1, 3} at once) takes at least the time the link's rate allows one of them (4 MiB each way
+#    at RATE: 67 ms at 500 Mbit/s; 10% margin for the rate's rounding in tbf) and at least 3x the same
+#    all-reduce within a node (loopback, ~4-14 ms on 2 busy cores);
+#  - the RNG probe's injected faults caught on 2 x 2 ranks; a host name that resolves to loopback; a
+#    node lost mid-step (below).
 # Exit 77 (skipped) where this machine cannot make network namespaces.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,15 +28,21 @@ for l in $launchers; do
 done
 timeout -k 5 240 "$ts" run --suite parallel --filter "$cells" --nproc 4 --threads 1 --set steps=8 --out "$tmp/local" \
   > "$tmp/local.log" 2>&1 || { cat "$tmp/local.log"; fail "the same cells on 4 local ranks failed"; }
-OUT="$tmp/inter" SUITE=hardware FILTER=collectives PER_NODE=1 tests/multinode/run.sh torchrun > "$tmp/inter.log" 2>&1 ||
-  { cat "$tmp/inter.log"; fail "the collectives between the nodes failed"; }
-timeout -k 5 240 "$ts" run --suite hardware --filter collectives --nproc 2 --out "$tmp/intra" > "$tmp/intra.log" 2>&1 ||
-  { cat "$tmp/intra.log"; fail "the collectives on one node failed"; }
+# The collectives cell on 2 x 2 ranks: the world's sweep, then each level on its own groups.
+OUT="$tmp/levels" SUITE=hardware FILTER=collectives tests/multinode/run.sh torchrun --set world_size=4 \
+  --set steps=2 --set warmup_steps=1 > "$tmp/levels.log" 2>&1 || { cat "$tmp/levels.log"; fail "the collectives cell on 2 nodes failed"; }
 
 # The RNG probe across nodes: the pitfalls suite's injected faults (one data seed for all, weights not
 # broadcast) on 2 x 2 ranks, caught as on local ranks.
 OUT="$tmp/rng" SUITE=pitfalls FILTER='^rng/' tests/multinode/run.sh torchrun --set world_size=4 --set steps=20 > "$tmp/rng.log" 2>&1 ||
   { cat "$tmp/rng.log"; fail "the RNG cells on 2 nodes failed"; }
+
+# A host whose name resolves to loopback (node1 -> 127.0.1.1, Debian's default) without
+# GLOO_SOCKET_IFNAME: a one-line error naming the variable, well before the collective timeout ends.
+start=$(date +%s)
+OUT="$tmp/ifname" FILTER='mlp/ddp/ws4' LOOPBACK_NODE=1 tests/multinode/run.sh torchrun --set steps=4 \
+  --set collective_timeout_s=10 > "$tmp/ifname.log" 2>&1
+echo "loopback host name: the report came after $(( $(date +%s) - start )) s"
 
 # A node lost mid-step: every process of node1 killed while the cell trains (torchrun). Rank 0 must end
 # the cell within collective_timeout_s + 10 s (its grace for outcomes) naming node1 and its ranks, keep
@@ -90,20 +97,26 @@ if violations.get("rng/clean") != 0 or not violations.get("rng/same-data-seed") 
 verdict = next((p["verdict"] for p in rng.get("pitfalls", []) if p["id"] == "rng"), "")
 if "caught every injected fault" not in verdict:
     errors.append(f"RNG pitfall on 2 nodes: {verdict}")
+bad = json.load(open(f"{tmp}/ifname/report.json"))["cells"][0]
+if bad["status"] != "failed" or "set GLOO_SOCKET_IFNAME" not in bad.get("reason", "") or "\n" in bad.get("reason", ""):
+    errors.append(f"loopback host name: {bad['status']}: {bad.get('reason')}")
 lost = json.load(open(f"{tmp}/lost/report.json"))["cells"][0]
 if lost["status"] != "failed" or not lost.get("reason", "").startswith("node node1 (ranks 2, 3) sent no outcome"):
     errors.append(f"lost node: {lost['status']}: {lost.get('reason')}")
 if lost.get("lost_nodes") != [{"host": "node1", "ranks": [2, 3]}]:
     errors.append(f"lost node: lost_nodes {lost.get('lost_nodes')}")
 
-def allreduce_s(path, size):
-    for c in json.load(open(path))["cells"]:
-        for x in c.get("metrics", {}).get("comm", {}).get("collectives", []):
-            if x["op"] == "all-reduce" and x["bytes"] == size:
-                return x["time_s"]
-    raise SystemExit(f"FAIL: no {size}-byte all-reduce in {path}")
+cell = json.load(open(f"{tmp}/levels/report.json"))["cells"][0]
+levels = cell.get("metrics", {}).get("hardware", {}).get("collectives", {}).get("levels") or {}
+if levels.get("nodes") != 2 or levels.get("ranks_per_node") != 2:
+    raise SystemExit(f"FAIL: the collectives cell's levels: {str(levels)[:300]}")
+def allreduce_s(level, size):
+    for x in levels["rows"]:
+        if x["level"] == level and x["op"] == "all-reduce" and x["bytes"] == size:
+            return x["time_s"]
+    raise SystemExit(f"FAIL: no {size}-byte {level} all-reduce")
 size = 4 << 20
-inter, intra = allreduce_s(f"{tmp}/inter/report.json", size), allreduce_s(f"{tmp}/intra/report.json", size)
+inter, intra = allreduce_s("inter-node", size), allreduce_s("intra-node", size)
 floor = size * 8 / 500e6 * 0.9
 print(f"4 MiB all-reduce: between the nodes {inter * 1e3:.1f} ms, within a node {intra * 1e3:.1f} ms (link floor {floor * 1e3:.1f} ms)")
 if inter < floor:

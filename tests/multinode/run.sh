@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The parallel suite's 4-rank cells on an emulated cluster of 2 nodes x 2 ranks, started by a real
 # launcher with the command line a user types on each node; prints the report folder. SUITE, FILTER
-# and PER_NODE run other cells: SUITE=hardware FILTER=collectives PER_NODE=1 measures the inter-node
-# link alone.
+# and PER_NODE run other cells: SUITE=hardware FILTER=collectives with --set world_size=4 measures both
+# levels (within a node, across nodes), with PER_NODE=1 the link between the nodes alone.
 #
 #   tests/multinode/run.sh torchrun|mpirun|slurm [RUN ARGS...]     e.g. --set steps=5
 #
@@ -20,6 +20,10 @@ here=tests/multinode
 ts=$(realpath "${TRAINSCOPE:-build/trainscope}")
 out=$(realpath -m "${OUT:-results/multinode-$launcher}")
 name="mn$$"
+case "$launcher" in
+  torchrun | mpirun | slurm) ;;
+  *) echo "run.sh: unknown launcher '$launcher' (torchrun, mpirun, slurm)" >&2; exit 2 ;;
+esac
 [ -x "$ts" ] || { echo "run.sh: no trainscope binary at $ts (make build, or TRAINSCOPE=...)" >&2; exit 2; }
 "$here/cluster.sh" check || exit $?
 cleanup() { "$here/cluster.sh" down "$name"; }
@@ -115,10 +119,6 @@ CONF
       env OMP_NUM_THREADS=1 srun -K1 -N 2 --ntasks-per-node "$per" \
       "$ts" run --suite "${SUITE:-parallel}" --filter "${FILTER:-/ws4\$}" --threads 1 --out "$out" "$@" > "$out/node0.log" 2>&1 &
     pids+=($!)
-    ;;
-  *)
-    echo "run.sh: unknown launcher '$launcher' (torchrun, mpirun, slurm)" >&2
-    exit 2
     ;;
 esac
 rc=0

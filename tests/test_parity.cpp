@@ -215,6 +215,26 @@ TEST_F(Parity, SslLossesMatchLightlyOnTheSameTensors) {
   }
 }
 
+// One whole SimCLR step and one DINO step on fixed views and the same weights: the step written again
+// in PyTorch with trainscope's loss is bit for bit (the encoder, heads, update, teacher); with lightly's
+// loss every parameter stays within its own bound (the losses' gradient difference carried through
+// the Jacobian, plus each backward's rounding).
+TEST_F(Parity, SslStepsMatchTheSameStepWithLightlysLoss) {
+  const json& r = row("ssl/losses");
+  if (r.value("verdict", "") == "skipped") GTEST_SKIP() << r.value("reason", "");
+  for (const std::string method : {"SimCLR", "DINO"}) {
+    EXPECT_EQ(check("ssl/losses", method + " step: the loss in PyTorch")["verdict"], "exact") << method;
+    EXPECT_EQ(check("ssl/losses", method + " step: parameters after one SGD step in PyTorch")["verdict"], "exact") << method;
+    const json lightly = check("ssl/losses", method + " step: parameters after one SGD step with lightly's");
+    const std::string v = lightly.value("verdict", "");
+    EXPECT_TRUE(v == "exact" || v == "within") << lightly.dump();
+    if (v == "within") EXPECT_LE(lightly["share_of_bound"].get<double>(), 1.0);
+  }
+  EXPECT_EQ(check("ssl/losses", "DINO step: the EMA teacher after the step (trainscope's")["verdict"], "exact");
+  const std::string centre = check("ssl/losses", "DINO step: the centre after the step")["verdict"];
+  EXPECT_TRUE(centre == "exact" || centre == "within") << centre;
+}
+
 TEST_F(Parity, CheckpointingReproducesPyTorchsGradientsWithDropout) {
   for (const char* cell : {"gpt-tiny/ckpt-full", "gpt-tiny/ckpt-every2"}) {
     EXPECT_EQ(check(cell, "gradients at step 0")["verdict"], "exact") << cell;

@@ -466,9 +466,15 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
       for (const auto& item : trainer.model().named_parameters())
         final_params.emplace_back(item.key(), item.value().detach().to(torch::kCPU).clone());
       if (const suites::ParityRecord* rec = trainer.parity()) {
-        // An SSL cell also carries its objectives on fixed tensors, for the lightly rows.
-        write_parity_dump(parity_dump_path(result_path), *rec, final_params, outcome.step_losses,
-                          trainer.objective() ? suites::ssl::loss_probe(config) : decltype(final_params){});
+        // An SSL cell also carries its objectives on fixed tensors and one SimCLR and one DINO step on
+        // fixed views, for the lightly rows.
+        decltype(final_params) ssl_probes;
+        if (trainer.objective()) {
+          ssl_probes = suites::ssl::loss_probe(config);
+          for (auto& item : suites::ssl::step_probe(config, trainer.preset(), trainer.data().shape()))
+            ssl_probes.push_back(std::move(item));
+        }
+        write_parity_dump(parity_dump_path(result_path), *rec, final_params, outcome.step_losses, ssl_probes);
         cell["parity_dump"] = std::filesystem::path(parity_dump_path(result_path)).filename().string();
       }
     }

@@ -238,7 +238,9 @@ class SimClr : public SslObjective {
     finish_setup(2 * 3 * (encoder_forward_flops(*encoder_) + projector_->flops()));
   }
   torch::Tensor loss(const Batch& b) override {
-    const torch::Tensor v = make_views(b.input, simclr_view(), simclr_view(), *ctx_.augment);
+    return loss_on_views(make_views(b.input, simclr_view(), simclr_view(), *ctx_.augment));
+  }
+  torch::Tensor loss_on_views(const torch::Tensor& v) override {
     const auto z = projector_->forward(encoder_->features(v)).chunk(2);
     const int64_t N = z[0].size(0);
     torch::Tensor l;
@@ -282,6 +284,8 @@ class WithTeacher : public SslObjective {
     const auto t = teacher_.params(), s = student_params();
     for (size_t i = 0; i < t.size(); ++i) t[i].mul_(tau).add_(s[i].detach(), 1.0 - tau);
   }
+  std::vector<torch::Tensor> teacher_parameters() const { return teacher_.encoder ? teacher_.params() : std::vector<torch::Tensor>{}; }
+  double last_tau() const { return last_tau_; }
   std::optional<uint64_t> teacher_fingerprint() override {
     if (!teacher_.encoder) return std::nullopt;
     uint64_t h = 1469598103934665603ULL;
@@ -407,8 +411,10 @@ class Dino : public WithTeacher {
     finish_setup(2 * 3 * (enc_f + head_->flops()) + 2 * (enc_f + head_->flops()));
   }
   torch::Tensor loss(const Batch& b) override {
+    return loss_on_views(make_views(b.input, simclr_view(), simclr_view(), *ctx_.augment));
+  }
+  torch::Tensor loss_on_views(const torch::Tensor& v) override {
     ensure_teacher(preset_, shape_);
-    const torch::Tensor v = make_views(b.input, simclr_view(), simclr_view(), *ctx_.augment);
     const bool frozen = step_ < config_.dino_freeze_last_steps;
     const auto s = head_->forward(encoder_->features(v), frozen).chunk(2);
     torch::Tensor t_all;
@@ -434,6 +440,7 @@ class Dino : public WithTeacher {
     return l;
   }
   ReferenceModel& eval_encoder() override { return teacher_.encoder ? *teacher_.encoder : *encoder_; }
+  const torch::Tensor& center() const { return center_; }
   json describe() const override {
     return {{"views", 2}, {"effective_batch", 2 * config_.batch_size}, {"negatives", nullptr},
             {"prototypes", config_.dino_prototypes}, {"teacher", "EMA of encoder and head (parameters only)"},
@@ -546,6 +553,50 @@ std::shared_ptr<SslObjective> make_objective(const RunConfig& c, std::shared_ptr
   if (c.method == "dino") return std::make_shared<Dino>(std::move(encoder), c, ctx, preset, shape);
   if (c.method == "mae") return std::make_shared<Mae>(std::move(encoder), c, ctx);
   throw UsageError("unknown method '" + c.method + "'");
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> step_probe(const RunConfig& config, const ModelPreset& preset,
+                                                              const DataShape& shape) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  if (preset.family != "cnn") return out;
+  const double lr = 0.1;
+  const int64_t total_steps = 10;  // the EMA schedule's length: tau at step 1 of 10
+  for (const std::string method : {"simclr", "dino"}) {
+    RunConfig c = config;
+    c.method = method;
+    c.inject = "";
+    c.dino_prototypes = 64;
+    c.dino_freeze_last_steps = 0;
+    torch::manual_seed(static_cast<uint64_t>(c.seed));
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.seed) + 1);
+    Context ctx;
+    ctx.augment = &gen;
+    ctx.total_steps = total_steps;
+    const std::shared_ptr<SslObjective> objective = make_objective(c, make_model(preset, shape), preset, shape, ctx);
+    objective->train();
+    const std::string key = method + "_step.";
+    const torch::Tensor views = torch::randn({8, shape.channels, shape.height, shape.width}, gen);
+    const auto named = objective->named_parameters();
+    for (const auto& item : named) out.emplace_back(key + "before/" + item.key(), item.value().detach().clone());
+    const torch::Tensor loss = objective->loss_on_views(views);
+    loss.backward();
+    {
+      torch::NoGradGuard no_grad;
+      for (const auto& item : named) item.value().add_(item.value().grad(), -lr);  // plain SGD
+    }
+    objective->after_step(1, total_steps);
+    out.insert(out.end(), {{key + "views", views}, {key + "lr", torch::tensor(lr, torch::kDouble)}, {key + "loss", loss.detach()}});
+    for (const auto& item : named) out.emplace_back(key + "after/" + item.key(), item.value().detach().clone());
+    if (const auto* dino = dynamic_cast<const Dino*>(objective.get())) {
+      const auto teacher = dino->teacher_parameters();
+      for (size_t i = 0; i < teacher.size() && i < named.size(); ++i)
+        out.emplace_back(key + "teacher_after/" + named[i].key(), teacher[i].detach().clone());
+      out.insert(out.end(), {{key + "center_after", dino->center().detach().clone()},
+                             {key + "tau", torch::tensor(dino->last_tau(), torch::kDouble)},
+                             {key + "prototypes", torch::tensor(c.dino_prototypes, torch::kLong)}});
+    }
+  }
+  return out;
 }
 
 }  // namespace trainscope::suites::ssl

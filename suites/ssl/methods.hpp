@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "core/errors.hpp"
 #include "suites/parallel/comm.hpp"
 #include "suites/models/models.hpp"
 
@@ -43,6 +44,16 @@ torch::Tensor dino_center_update(const torch::Tensor& center, const torch::Tenso
 // settings it used; NT-Xent also as 2 ranks see it on a gathered batch, DINO also the centre after the
 // step. Names are "<method>.<what>".
 std::vector<std::pair<std::string, torch::Tensor>> loss_probe(const RunConfig& config);
+// One whole SimCLR step and one DINO step on fixed views, for `trainscope parity` (the Python side
+// runs the same step with lightly's loss): a fresh encoder of the cell's preset and data shape with
+// the method's heads, 2N = 8 views drawn from the seed, the loss, plain SGD (lr 0.1), and for DINO the
+// EMA teacher and the centre after the step. Per method "<method>_step.<what>": views, lr, loss, the
+// parameters before and after ("before/<name>", "after/<name>"), DINO's teacher after the step (named
+// as the student's parameter it follows), its centre and tau. DINO uses 64 prototypes here (not the
+// config's) so that the reference can bound its difference through the whole Jacobian. Empty for
+// encoders the Python mirror does not have (only cnn presets).
+std::vector<std::pair<std::string, torch::Tensor>> step_probe(const RunConfig& config, const ModelPreset& preset,
+                                                              const DataShape& shape);
 // BYOL's target schedule: tau_k = 1 - (1 - base)(cos(pi k / K) + 1) / 2, from base at k = 0 to 1 at K.
 double ema_momentum(double base, int64_t step, int64_t total);
 
@@ -81,6 +92,11 @@ class SslObjective : public ReferenceModel {
   virtual ReferenceModel& eval_encoder() { return *encoder_; }
   // How the method trained: views, the effective batch of its loss, where negatives came from, BN.
   virtual json describe() const = 0;
+  // The objective on views already made ([2N, ...]: the first view of each sample, then the second),
+  // for the two-view methods with a step probe (SimCLR, DINO); loss() makes the views, then calls it.
+  virtual torch::Tensor loss_on_views(const torch::Tensor& /*views*/) {
+    throw UsageError("this method has no two-view step to probe");
+  }
 
  protected:
   SslObjective(std::shared_ptr<ReferenceModel> encoder, const RunConfig& c, Context ctx);

@@ -110,12 +110,15 @@ class Cnn(Reference):
         self.nblocks = n
         self.head = nn.Linear(cin, classes)
 
-    def forward(self, x):
+    def features(self, x):
         h = self.boundary("stem", torch.relu(self.stem_bn(self.stem(x))))
         for i in range(self.nblocks):
             h = self.run_block(i, getattr(self, f"block{i}"), h)
             h = self.boundary(f"block{i}", h)
-        return self.boundary("head", self.head(h.mean((2, 3))))
+        return h.mean((2, 3))
+
+    def forward(self, x):
+        return self.boundary("head", self.head(self.features(x)))
 
 
 class DecoderBlock(nn.Module):

@@ -47,7 +47,7 @@ def version():
     return _load().__version__
 
 
-def config(stage, micro_batch, bucket_mb):
+def config(stage, micro_batch, bucket_mb, bf16=False):
     # The cell's bucket cap, as PyTorch's DDP gets it. DeepSpeed's default (5e8 elements) allocates a
     # 2 GB fp32 gradient bucket per rank in stages 1-2 whatever the model's size (measured: 2.0 GB above
     # the start on gpt-tiny, 120k parameters).
@@ -60,7 +60,7 @@ def config(stage, micro_batch, bucket_mb):
         # matmul + add, which rounds differently from addmm (measured: the loss 1 ulp off from step 0): off.
         zero.update(stage3_param_persistence_threshold=0, stage3_max_live_parameters=0, stage3_max_reuse_distance=0,
                     stage3_prefetch_bucket_size=0, memory_efficient_linear=False)
-    return {
+    out = {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": 0.0,
@@ -69,6 +69,11 @@ def config(stage, micro_batch, bucket_mb):
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
+    if bf16:
+        # DeepSpeed's bf16: the module cast to bf16 (weights, activations, gradients), fp32 master
+        # weights in the optimizer. A bf16-mixed cell meets it here, which is the comparison people make.
+        out["bf16"] = {"enabled": True}
+    return out
 
 
 def _rank_main(rank, world, cell, dump_path, lib, out_dir):
@@ -95,7 +100,9 @@ def _rank_main(rank, world, cell, dump_path, lib, out_dir):
         wrapped = ref.LossModule(model)
         opt = torch.optim.SGD(wrapped.parameters(), lr=float(cfg.get("lr", 1e-3)), momentum=0.9,
                               weight_decay=float(cfg.get("weight_decay", 0.0)), foreach=False)
-        engine, optimizer, _, _ = deepspeed.initialize(model=wrapped, optimizer=opt, config=config(stage, batch, float(cfg.get("bucket_mb", 25.0))))
+        bf16 = cfg.get("precision") == "bf16-mixed"
+        engine, optimizer, _, _ = deepspeed.initialize(model=wrapped, optimizer=opt,
+                                                       config=config(stage, batch, float(cfg.get("bucket_mb", 25.0)), bf16))
         warmup = int(cfg.get("warmup_steps", 0))
         times, losses, peak, start = [], [], 0, acc.current()
         for s in range(inputs.shape[0]):
@@ -117,10 +124,14 @@ def _rank_main(rank, world, cell, dump_path, lib, out_dir):
         comm.measuring = False
         state = model_state(engine, optimizer, stage)
         final = gathered_parameters(engine, stage, ref)
+        masters = {}
+        if bf16:  # the fp32 master weights, gathered whole (the module holds their bf16 copies)
+            from deepspeed.utils import safe_get_full_fp32_param
+            masters = {k: safe_get_full_fp32_param(q).detach().clone() for k, q in ref.trainscope_parameters(engine.module)}
         loss_t = torch.stack(losses)
         dist.all_reduce(loss_t)
         loss_t /= world
-        torch.save({"final": final, "losses": loss_t.tolist(), "model_state": state,
+        torch.save({"final": masters or final, "module_params": final, "losses": loss_t.tolist(), "model_state": state,
                     "peak_above_start_bytes": peak if start is not None else None,
                     "step_time_p50_s": statistics.median(times) if times else None,
                     "comm_bytes_per_step": comm.per_step(inputs.shape[0] - warmup),
@@ -179,6 +190,10 @@ def row(cell, dump, dump_path, lib):
     if runs[0].get("attempts", 1) > 1:
         out["reference_attempts"] = runs[0]["attempts"]
     checks = ref.compare_training(cell, dump, runs, kind)
+    bf16 = cell["config"].get("precision") == "bf16-mixed"
+    if bf16:
+        out["reference"] += ', "bf16": {"enabled": true}'
+        checks += bf16_checks(cell, dump, runs, ref)
     world = len(runs)
     psi = sum(t.numel() * t.element_size() for t in dump["initial"].values())  # 4Ψ bytes: fp32 parameters
     ranks = cell.get("ranks") or []
@@ -187,15 +202,16 @@ def row(cell, dump, dump_path, lib):
         theirs = runs[r]["model_state"]
         for part in ("params", "grads", "optimizer"):
             checks.append(ref.value_check(f"rank {r} {part} bytes", ours.get(part), theirs[part],
-                                          design=memory_design(kind, part, ours.get(part), theirs[part], psi, world)))
+                                          design=memory_design(kind, part, ours.get(part), theirs[part], psi, world, bf16)))
         master = theirs["fp32_master"]
+        why = ("its bf16 design: the fp32 master weights of its partition, which the optimizer updates before the bf16 "
+               "copy is taken" if bf16 else "DeepSpeed keeps an fp32 copy of its partition even when training in fp32")
         checks.append(ref.value_check(f"rank {r} fp32 master partition bytes", 0, master,
-                                      design=f"DeepSpeed keeps an fp32 copy of its partition even when training in fp32, "
-                                             f"4Ψ/N = {master} B; trainscope updates the fp32 parameters in place"
+                                      design=f"{why}, 4Ψ/N = {master} B; trainscope updates its fp32 parameters in place"
                                              if master * world == psi else None))
-    checks += comm_checks(cell, runs[0], kind, psi, world, ref)
+    checks += comm_checks(cell, runs[0], kind, psi, world, ref, bf16)
     if kind in ("zero2", "zero3"):
-        checks.append(estimator_check(cell, kind, runs[0], world, ref))
+        checks.append(estimator_check(cell, kind, runs[0], world, ref, bf16))
     ours_t = (cell["metrics"].get("timing", {}).get("step_time_s") or {}).get("p50")
     theirs_t = runs[0]["step_time_p50_s"]
     out["step_time_s"] = {"trainscope": ours_t, "pytorch": theirs_t,
@@ -209,10 +225,38 @@ def row(cell, dump, dump_path, lib):
     return out
 
 
-def memory_design(kind, part, ours, theirs, psi, world):
+def bf16_checks(cell, dump, runs, ref):
+    """What DeepSpeed's bf16 is, checked: its module holds bf16 copies of fp32 master weights (after every
+    step, the masters rounded to bf16, bit for bit), and its forward is bf16-true's (step 0's loss equals
+    the same weights cast to bf16 in PyTorch, bit for bit), where trainscope's bf16-mixed keeps fp32
+    weights and runs autocast (layer norm, softmax, the residual stream in fp32)."""
+    import reference as ref_
+    r0 = runs[0]
+    checks = [ref.tensor_check("DeepSpeed's fp32 masters rounded to bf16 (left) against its module's weights",
+                               {k: v.to(torch.bfloat16) for k, v in r0["final"].items()}, r0["module_params"])]
+    model = ref.build_model(cell)
+    ref.load_named(model, dump["initial"])
+    model = ref_.LossModule(model.to(torch.bfloat16))
+    x, y = dump["inputs"][0], dump["targets"][0]
+    world = len(runs)
+    batch = x.shape[0] // world
+    with torch.no_grad():  # each rank's half, averaged as the DeepSpeed rows average the ranks' losses
+        losses = [model(x.narrow(0, r * batch, batch), y.narrow(0, r * batch, batch)).to(torch.float64) for r in range(world)]
+    bf16_true = float(sum(losses) / world)
+    checks.append(ref.value_check("step 0 loss: the initial weights cast to bf16 in PyTorch (left, bf16-true's forward) "
+                                  "against DeepSpeed's", bf16_true, r0["losses"][0]))
+    checks[-1]["note"] = (f"trainscope's bf16-mixed step 0 loss: {float(dump['step_losses'][0]):.7g} (fp32 weights under "
+                          "autocast: the GEMMs in bf16, the rest in fp32)")
+    return checks
+
+
+def memory_design(kind, part, ours, theirs, psi, world, bf16=False):
     """A model-state difference that DeepSpeed's design predicts to the byte, or None."""
     if ours is None or theirs is None:
         return None
+    if bf16 and part == "params" and kind != "zero3" and theirs * 2 == ours:
+        return (f"DeepSpeed's bf16 holds the weights in bf16, 2Ψ = {theirs} B (its fp32 masters are the row below); "
+                f"trainscope's bf16-mixed keeps fp32 weights, 4Ψ = {ours} B, and casts them for each GEMM")
     sharded = psi // world
     if part == "grads" and theirs == 0 and ours == (psi if kind == "zero1" else sharded):
         return ("DeepSpeed frees the gradients once its step has consumed them (zero_grad to None); trainscope keeps "
@@ -220,15 +264,18 @@ def memory_design(kind, part, ours, theirs, psi, world):
     return None
 
 
-def comm_checks(cell, run, kind, psi, world, ref):
+def comm_checks(cell, run, kind, psi, world, ref, bf16=False):
     """Bytes per measured step through each collective (rank 0), nccl-tests' sizes on both sides; a
     difference passes only where DeepSpeed's code predicts it to the byte."""
     ours = ref.comm_per_step(cell)
     theirs = run["comm_bytes_per_step"] or {}
     # One-element all-reduces: the squared gradient norm (fp32 in stages 1-2, fp64 in stage 3), every
     # step, to find inf/NaN and to report the norm, also with clipping off.
-    scalars = sum(int(calls) * (8 if "float64" in k else 4) for k, calls in (run.get("comm_calls") or {}).items()
+    # In bf16 also a one-byte flag (uint8): whether any rank overflowed.
+    sizes = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "uint8": 1, "bool": 1}
+    scalars = sum(int(calls) * sizes.get(k.rsplit(" ", 1)[-1], 4) for k, calls in (run.get("comm_calls") or {}).items()
                   if k.startswith("all-reduce 1 x"))
+    grad_bytes = 2 if bf16 else 1  # trainscope's fp32 gradients against DeepSpeed's bf16 ones: twice the bytes
     root = ref.root_bytes(cell)
     checks = []
     for op in sorted(set(ours) | set(theirs)):
@@ -237,12 +284,15 @@ def comm_checks(cell, run, kind, psi, world, ref):
         if op == "all-reduce" and kind != "zero2" and b - a == scalars > 0:
             design = (f"{scalars} B per step: DeepSpeed all-reduces the squared gradient norm (one scalar) every "
                       "step to look for inf/NaN and to report it, also with gradient clipping off")
-        elif kind == "zero2" and op == "all-reduce" and b - scalars == ours.get("reduce-scatter") and a == 0:
+        elif kind == "zero2" and op == "all-reduce" and (b - scalars) * grad_bytes == ours.get("reduce-scatter") and a == 0:
             design = (f"DeepSpeed's stage 2 reduces each gradient bucket with an all-reduce and keeps its partition "
-                      f"(use_multi_rank_bucket_allreduce, on by default), plus the {scalars} B gradient norm; "
-                      "trainscope reduce-scatters: the same buffer, twice the bus traffic, 2(N-1)/N against (N-1)/N")
-        elif kind == "zero2" and op == "reduce-scatter" and b == 0 and a == theirs.get("all-reduce", 0) - scalars:
-            design = "DeepSpeed's stage 2 all-reduces these bytes instead (the all-reduce row)"
+                      f"(use_multi_rank_bucket_allreduce, on by default), plus the {scalars} B gradient norm"
+                      + (" and overflow flag; its gradients are bf16, half of trainscope's fp32 bytes" if bf16 else "")
+                      + "; trainscope reduce-scatters: twice the bus traffic per byte, 2(N-1)/N against (N-1)/N")
+        elif kind == "zero2" and op == "reduce-scatter" and b == 0 and a == (theirs.get("all-reduce", 0) - scalars) * grad_bytes:
+            design = "DeepSpeed's stage 2 all-reduces these gradients instead (the all-reduce row)"
+        elif bf16 and kind != "zero3" and op == "all-gather" and b * 2 == a:
+            design = (f"DeepSpeed gathers the updated weights in bf16 ({b} B), trainscope its fp32 parameters ({a} B)")
         elif kind == "zero3" and op == "all-gather" and b - a == root:
             design = (f"{root} B per step, the root's parameters (embeddings, final norm, tied head): DeepSpeed "
                       "(reuse and prefetch off) gathers them again for backward; trainscope's zero3 keeps them "
@@ -251,12 +301,12 @@ def comm_checks(cell, run, kind, psi, world, ref):
     return checks
 
 
-def estimator_check(cell, kind, run, world, ref):
+def estimator_check(cell, kind, run, world, ref, bf16=False):
     """DeepSpeed's model-state estimator (GPU bytes per rank, no offload) beside what its engine held in
     this run: the estimator assumes fp16 weights with fp32 Adam, 2 + 18/N bytes per parameter at stage 2
     and 18/N plus the largest layer's fp32 weights at stage 3; this run is fp32 with SGD's momentum, so
     DeepSpeed held 4 + 8/N (stage 2: the weights whole, its fp32 master partition and the momentum) or
-    12/N bytes per parameter (stage 3). Neither counts the gradient bucket (reduce_bucket_size x 4 B, 2 GB
+    12/N bytes per parameter (stage 3); in bf16 2 + 8/N at stage 2. Neither counts the gradient bucket (reduce_bucket_size x 4 B, 2 GB
     at DeepSpeed's default) nor activations."""
     model = ref.build_model(cell)
     n = sum(p.numel() for p in model.parameters())
@@ -265,7 +315,8 @@ def estimator_check(cell, kind, run, world, ref):
     if kind == "zero2":
         from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
         estimate = estimate_zero2_model_states_mem_needs(n, num_gpus_per_node=world, cpu_offload=False)[1]
-        recipe, expected = "4 + 8/N", 4 * n + 8 * n // world
+        # bf16: the weights in bf16 (2 bytes), the fp32 master partition and the momentum as in fp32.
+        recipe, expected = ("2 + 8/N", 2 * n + 8 * n // world) if bf16 else ("4 + 8/N", 4 * n + 8 * n // world)
         assumed = "2 + 18/N bytes per parameter"
     else:
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
@@ -278,6 +329,6 @@ def estimator_check(cell, kind, run, world, ref):
     if held == expected:
         check["verdict"] = "design-difference"
         check["note"] = (f"the estimator assumes fp16 weights and fp32 Adam ({assumed}; {n} parameters, N = {world}); "
-                         f"this fp32 SGD-momentum run held {recipe} bytes per parameter = {expected} B; it leaves out the "
+                         f"this {'bf16' if bf16 else 'fp32'} SGD-momentum run held {recipe} bytes per parameter = {expected} B; it leaves out the "
                          "gradient bucket (reduce_bucket_size x 4 B: 2 GB at DeepSpeed's default) and activations")
     return check

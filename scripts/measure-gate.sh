@@ -8,6 +8,7 @@
 #   scripts/measure-gate.sh [ROUNDS] [BUILD] [FILTER]   # default 30 rounds (60 A/A, 30 slow:10, 8 slow:5,
 #                                                       # 7 slow:25), build folder "build", cell ^mlp$
 #   scripts/measure-gate.sh --summarize DIR             # the summary of a measurement (also a partial one)
+#   scripts/measure-gate.sh --simulate DIR              # other designs replayed on its A/A processes
 # Writes every execution (its slots' reports, ab.json) and executions.tsv, summary.txt under
 # results/gate-<UTC time>/. Any other gate option goes in GATE_ARGS (e.g. GATE_ARGS="--blocks 8").
 set -euo pipefail
@@ -65,7 +66,102 @@ print(text, end="")
 EOF
 }
 
+# What other designs (processes per side, blocks) would have decided on this machine: blocks rebuilt
+# from the measured A/A processes (2k consecutive slots of one execution, so that a block keeps the
+# machine's state of those seconds; sides alternate), a slowdown added to the new side's steps, and
+# ab's decision rule replayed (exact signed-rank test, Hodges-Lehmann effect and bound, alpha split over
+# the looks, one cell). A prediction from this measurement's noise, not a measurement of the design.
+simulate() {
+  python3 - "$1" <<'EOF'
+import json, math, random, statistics, sys
+from functools import lru_cache
+from pathlib import Path
+out = Path(sys.argv[1])
+rows = [l.split("\t") for l in (out / "executions.tsv").read_text().splitlines()[1:] if l.strip()]
+executions = []
+for kind, _, _, _, _, execution in rows:
+    if kind != "aa":
+        continue
+    steps = []
+    for slot in sorted((Path(execution) / "slots").iterdir(), key=lambda p: int(p.name.split("-")[0])):
+        try:
+            steps.append(json.loads((slot / "report.json").read_text())["cells"][0]["metrics"]["timing"]["step_time_s"]["min"])
+        except (OSError, KeyError, IndexError, ValueError):
+            pass
+    if len(steps) >= 8:
+        executions.append([math.log(x) for x in steps])
+if not executions:
+    sys.exit("no A/A execution with slots to replay in " + str(out))
+
+@lru_cache(None)
+def counts(n):  # the null distribution of W+ over ranks 1..n, as counts
+    c = [1] + [0] * (n * (n + 1) // 2)
+    for i in range(1, n + 1):
+        for s in range(len(c) - 1, i - 1, -1):
+            c[s] += c[s - i]
+    return c
+
+def tail(n, w):  # P(W+ >= w)
+    return sum(counts(n)[max(w, 0):]) / 2 ** n
+
+def decide(x, alpha_look, min_effect):
+    n = len(x)
+    order = sorted(range(n), key=lambda i: abs(x[i]))
+    p = tail(n, sum(r + 1 for r, i in enumerate(order) if x[i] > 0))
+    walsh = sorted((x[i] + x[j]) / 2 for i in range(n) for j in range(i, n))
+    m = len(walsh)
+    effect = math.exp((walsh[m // 2] + walsh[(m - 1) // 2]) / 2) - 1
+    c = 0
+    while c < m and tail(n, m - c) <= alpha_look:
+        c += 1
+    upper = math.exp(walsh[m - c]) - 1 if c else math.inf
+    if effect > min_effect and p <= alpha_look:
+        return "regression"
+    return "pass" if upper < 2 * min_effect else "inconclusive"
+
+def design(blocks, max_blocks, alpha=0.05):  # ab's first decision and looks for one cell
+    looks, start = 1, blocks
+    for _ in range(8):
+        need = math.ceil(math.log2(looks / alpha))
+        start = max(blocks, need + need % 2)
+        nxt = 1 + (max(max_blocks, start) - start + 1) // 2
+        if nxt <= looks:
+            break
+        looks = nxt
+    return start, max(max_blocks, start), alpha / looks
+
+rng = random.Random(0)
+def gate(k, blocks, max_blocks, shift):
+    start, top, alpha_look = design(blocks, max_blocks)
+    ex = rng.choice([e for e in executions if len(e) >= 2 * k])
+    def block():
+        i = rng.randrange(0, len(ex) - 2 * k + 1)
+        w = ex[i:i + 2 * k]
+        return min(w[1::2]) + shift - min(w[0::2])
+    x = [block() for _ in range(start)]
+    while True:
+        v = decide(x, alpha_look, 0.05)
+        if v != "inconclusive" or len(x) >= top:
+            return v, len(x)
+        x += [block(), block()]
+
+draws = 2000
+print(f"replayed on {len(executions)} A/A executions ({sum(map(len, executions))} processes), {draws} gates per design and kind")
+print("per side  blocks  slots (mean)  A/A regression  A/A inconclusive  slow:10 regression  slow:10 inconclusive")
+for k, blocks, max_blocks in ((1, 6, 10), (2, 6, 10), (2, 8, 16), (3, 6, 10), (3, 8, 14), (4, 6, 10)):
+    res = {}
+    for kind, shift in (("aa", 0.0), ("slow10", math.log(1.1))):
+        r = [gate(k, blocks, max_blocks, shift) for _ in range(draws)]
+        res[kind] = ({v: sum(x[0] == v for x in r) / draws for v in ("regression", "inconclusive")}, statistics.mean(x[1] for x in r))
+    slots = 2 * k * (res["aa"][1] + res["slow10"][1]) / 2
+    print(f"{k:8d}  {blocks:2d}..{max_blocks:<2d}  {slots:12.0f}  {100 * res['aa'][0]['regression']:13.1f}%  "
+          f"{100 * res['aa'][0]['inconclusive']:15.1f}%  {100 * res['slow10'][0]['regression']:17.1f}%  "
+          f"{100 * res['slow10'][0]['inconclusive']:19.1f}%")
+EOF
+}
+
 if [ "${1:-}" = --summarize ]; then summarize "$2"; exit; fi
+if [ "${1:-}" = --simulate ]; then simulate "$2"; exit; fi
 rounds=${1:-30}
 ts=$(realpath "${2:-build}/trainscope")
 filter=${3:-^mlp\$}

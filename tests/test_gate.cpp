@@ -30,9 +30,16 @@ TEST(Gate, AbCatchesAnInjectedSlowdownAndPassesAnAaRun) {
   // 8 blocks at most: one look, so all of alpha at it.
   EXPECT_EQ(s["looks"], 1);
   EXPECT_DOUBLE_EQ(s["alpha_per_look"].get<double>(), 0.01);
-  const Result same = ts(args + " --out " + tmp("ab_same"));
+  // The A/A run with one process per side per block (AB, then BA): 2 slots per block, half the time.
+  const Result same = ts(args + " --per-side 1 --out " + tmp("ab_same"));
   EXPECT_NE(same.code, 1) << same.out;
   EXPECT_TRUE(same.code == 0 || same.code == 3) << same.out;
+  const json aa = read_json(tmp("ab_same") + "/ab.json");
+  EXPECT_EQ(aa["per_side"], 1);
+  EXPECT_EQ(aa["slots"].size(), 2 * aa["blocks"].get<size_t>());
+  EXPECT_EQ(aa["slots"][0]["side"], "base");  // block 0: AB; block 1: BA
+  EXPECT_EQ(aa["slots"][2]["side"], "new");
+  EXPECT_EQ(s["slots"].size(), 4 * s["blocks"].get<size_t>());  // the default: ABBA
   // Bad input: one line, exit 2.
   for (const std::string bad : {"ab --base /nonexistent --new " + bin(), "ab --base /bin/true --new " + bin(),
                                 "ab --base " + bin() + " --new " + bin() + " --min-effect 120%",

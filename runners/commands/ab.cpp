@@ -155,14 +155,16 @@ int ab_command(const AbArgs& a) {
     return Slot{side, reports::read_report(dir)};
   };
   // One block: per cell, four slots in the order ABBA (BAAB when odd), one process each, and per side
-  // the fastest step over its two processes. Interference on a shared runner (another tenant, a
-  // descheduled thread) only ever adds time to a step, so the fastest step estimates the code's own
-  // cost; the medians carry the tenant's noise with them (measured in docs/ci.md). The cells take
-  // turns rather than sharing a process, because on a shared runner whole stretches of seconds run
-  // slow: four slots of one short cell fall within one such stretch more often than four slots of
-  // every cell. The medians' ratio is kept beside it as a diagnostic.
+  // the fastest step over its two processes (--per-side k: k pairs alternating AB and BA, ABBAAB at
+  // 3, BAABBA when odd). Interference on a shared runner (another tenant, a descheduled thread) only
+  // ever adds time to a step, so the fastest step estimates the code's own cost; the medians carry
+  // the tenant's noise with them (measured in docs/ci.md). The cells take turns rather than sharing a
+  // process, because on a shared runner whole stretches of seconds run slow: four slots of one short
+  // cell fall within one such stretch more often than four slots of every cell. The medians' ratio is
+  // kept beside it as a diagnostic.
   auto run_block = [&](int j) {
-    const std::string order = j % 2 == 0 ? "ABBA" : "BAAB";
+    std::string order;
+    for (int i = 0; i < a.per_side; ++i) order += (i + j) % 2 == 0 ? "AB" : "BA";
     for (const auto& name : names) {
       double best_a = -1, best_b = -1, p50_a = -1, p50_b = -1;
       CellResult& r = cells[name];
@@ -272,7 +274,8 @@ int ab_command(const AbArgs& a) {
                  {"base", {{"binary", a.base}, {"version", base_version}, {"sets", json(a.base_sets)}}},
                  {"new", {{"binary", a.fresh}, {"version", new_version}, {"sets", json(a.new_sets)}}},
                  {"suite", a.suite},
-                 {"design", "blocks of ABBA slots (BAAB when odd) per cell, a fresh process per slot running that cell; per block and cell ln(fastest step of new / fastest step of base) over each side's two processes"},
+                 {"design", "blocks of ABBA slots (BAAB when odd) per cell, a fresh process per slot running that cell; per block and cell ln(fastest step of new / fastest step of base) over each side's " + std::to_string(a.per_side) + " process(es)"},
+                 {"per_side", a.per_side},
                  {"min_effect", min_effect},
                  {"alpha", a.alpha},
                  {"looks", looks},

@@ -14,6 +14,7 @@ struct AbArgs {
   std::string suite = "gate";
   std::string filter;
   int blocks = 6, max_blocks = 10;
+  int per_side = 2;  // processes per side per block and cell; each side keeps its fastest step
   std::string min_effect = "5%";
   double alpha = 0.05;
   std::vector<std::pair<std::string, std::string>> base_sets, new_sets;

@@ -308,6 +308,9 @@ int cli_main(int argc, char** argv) {
   ab_cmd->add_option("--filter", ab.filter, "regular expression on cell names");
   ab_cmd->add_option("--blocks", ab.blocks, "ABBA blocks to start with (at least the fewest that can decide: 2^-n <= alpha / cells)")->capture_default_str();
   ab_cmd->add_option("--max-blocks", ab.max_blocks, "blocks at most, 2 more at a time while inconclusive")->capture_default_str();
+  ab_cmd->add_option("--per-side", ab.per_side, "processes per side in each block (ABBA at 2, ABBAAB at 3): more removes more slow processes on a noisy runner")
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
   ab_cmd->add_option("--min-effect", ab.min_effect, "the smallest slowdown that counts as a regression")->capture_default_str();
   ab_cmd->add_option("--alpha", ab.alpha, "significance level over all cells (Holm)")->capture_default_str();
   ab_cmd->add_option("--base-set", ab_base_sets, "a setting for the base side only: --base-set key=value");

@@ -53,6 +53,38 @@ TEST(Plan, CheckPredictsEveryCellsMemoryOfAFreshRun) {
   // The frontier's largest batch within 5% of the bisection's (the target).
   ASSERT_EQ(j["frontier"].size(), 2u) << j["frontier"].dump();
   for (const auto& f : j["frontier"]) EXPECT_LE(std::fabs(f["error"].get<double>()), 0.05) << f.dump();
+
+  // The run's own report carries the same comparison: each cell its row, the summary, and a section of
+  // report.md and report.html; the report still validates.
+  const Result into = ts("plan --check " + out + " --hardware " + hw + " --into-report");
+  ASSERT_EQ(into.code, 0) << into.out;
+  const json r = read_json(out + "/report.json");
+  ASSERT_TRUE(r.contains("plan_check"));
+  EXPECT_EQ(r["plan_check"]["summary"], j["summary"]);
+  int carried = 0;
+  std::string first;
+  for (const auto& c : r["cells"]) {
+    if (!c.contains("plan")) continue;
+    ++carried;
+    if (first.empty()) first = c["name"];
+    for (const auto& row : j["cells"]) {
+      if (row["cell"] == c["name"]) {
+        EXPECT_EQ(c["plan"]["peak_error"], row["peak_error"]) << c["name"];
+      }
+    }
+  }
+  EXPECT_EQ(carried, compared);
+  std::ifstream md_file(out + "/report.md");
+  const std::string md((std::istreambuf_iterator<char>(md_file)), std::istreambuf_iterator<char>());
+  EXPECT_NE(md.find("## Plan against measurement"), std::string::npos);
+  EXPECT_NE(md.find("| " + first + " |"), std::string::npos) << first;
+  std::ifstream html_file(out + "/report.html");
+  const std::string html((std::istreambuf_iterator<char>(html_file)), std::istreambuf_iterator<char>());
+  EXPECT_NE(html.find("Plan against measurement"), std::string::npos);
+  EXPECT_EQ(validate_report(out + "/report.json").code, 0);
+  const Result bad = ts("plan --into-report");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_EQ(lines(bad.out), 1) << bad.out;
 }
 
 // The planner against a real GPU: tests/data/h200 holds what scripts/gpu-check.sh's device (an H200)

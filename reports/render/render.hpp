@@ -37,6 +37,7 @@ json evidence_rows(const json& evidence);
 // hyphens); report.html gives its headings the same ids, so one link works in both.
 std::string heading_anchor(const std::string& title);
 inline constexpr const char* kPitfallsSection = "Pitfalls: classic mistakes reproduced and diagnosed";
+inline constexpr const char* kPlanSection = "Plan against measurement";
 // A sentence without its parenthetical detail, at most about 200 characters.
 std::string short_text(const std::string& text);
 

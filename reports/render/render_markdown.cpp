@@ -221,6 +221,37 @@ void pitfall_tables(const json& report, json& tables) {
 // the data-size axis.
 constexpr const char* kSslSection = "Self-supervised pre-training";
 
+// `trainscope plan --check DIR --into-report`: each cell's predicted memory (and step time, with a
+// hardware report) beside what it measured.
+void plan_tables(const json& report, json& tables) {
+  if (!report.contains("plan_check")) return;
+  auto bytes = [](const json& v) { return text_or_dash(v, [](double x) { return format_bytes(x); }); };
+  auto err = [](const json& v) { return text_or_dash(v, [](double x) { return format_signed_pct(100 * x, 1); }); };
+  auto secs = [](const json& v) { return text_or_dash(v, [](double x) { return format_seconds(x); }); };
+  json rows = json::array();
+  for (const auto& c : report["cells"]) {
+    if (!c.contains("plan")) continue;
+    const json& p = c["plan"];
+    if (p.contains("skipped")) {
+      rows.push_back({c["name"], "not planned: " + p["skipped"].get<std::string>(), "-", "-", "-", "-", "-", "-", "-"});
+      continue;
+    }
+    const json pred = p.value("predicted", json::object()), meas = p.value("measured", json::object());
+    rows.push_back({c["name"], bytes(pred.value("model_state_total_bytes", json())), bytes(meas.value("model_state_total_bytes", json())),
+                    bytes(pred.value("peak_bytes", json())), bytes(meas.value("peak_bytes", json())), err(p.value("peak_error", json())),
+                    secs(pred.value("time", json::object()).value("step_s", json())), secs(meas.value("step_time_s", json())),
+                    err(p.value("step_error", json()))});
+  }
+  if (rows.empty()) return;
+  const json& hw = report["plan_check"].value("hardware", json());
+  tables.push_back({{"section", kPlanSection},
+                    {"title", std::string("Each cell predicted by `trainscope plan` from its configuration") +
+                                  (hw.is_string() ? " and the hardware report " + hw.get<std::string>() : " (memory only: no hardware report)")},
+                    {"columns", {"cell", "model state predicted", "measured", "peak predicted", "measured", "peak error",
+                                 "step predicted", "measured", "step error"}},
+                    {"rows", rows}});
+}
+
 void ssl_tables(const json& report, json& tables) {
   const json ssl = report.contains("ssl") ? report["ssl"] : ssl_summary(report);
   if (!ssl.is_object()) return;
@@ -358,6 +389,7 @@ json technique_tables(const json& report) {
   hardware_tables(report, tables);
   ssl_tables(report, tables);
   pitfall_tables(report, tables);
+  plan_tables(report, tables);
   return tables;
 }
 

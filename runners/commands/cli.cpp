@@ -286,6 +286,7 @@ int cli_main(int argc, char** argv) {
   PlanArgs plan;
   auto* plan_cmd = app.add_subcommand("plan", "Will a model fit on a cluster, how fast, with which settings: predicted, or checked against a results folder");
   plan_cmd->add_option("--check", plan.check, "a results folder: predict each of its cells and print predicted beside measured");
+  plan_cmd->add_flag("--into-report", plan.into_report, "with --check: store each cell's comparison in the folder's report.json and re-render report.md and report.html");
   std::vector<std::string> plan_sets;
   plan_cmd->add_option("--model", plan.model, "a preset (trainscope list) or a family with --set dimensions")->capture_default_str();
   plan_cmd->add_option("--gpus-per-node", plan.gpus_per_node, "GPUs per node")->capture_default_str();

@@ -15,6 +15,7 @@
 #include "reports/render/render.hpp"
 #include "reports/render/render_plan.hpp"
 #include "reports/report.hpp"
+#include "runners/process/folder_lock.hpp"
 
 namespace trainscope::runners {
 
@@ -64,6 +65,7 @@ void write_file(const fs::path& path, const std::string& text) {
 }  // namespace
 
 int plan_command(const PlanArgs& a) {
+  if (a.into_report && a.check.empty()) throw UsageError("plan: --into-report needs --check DIR (the results folder whose report takes the comparison)");
   if (!a.check.empty()) {
     const json report = reports::read_report(a.check);
     json hardware;
@@ -74,6 +76,25 @@ int plan_command(const PlanArgs& a) {
     const json check = plan::check_report(report, hardware);
     if (a.format == "json") std::cout << check.dump(2) << "\n";
     else std::cout << plan::render_check(check);
+    if (a.into_report) {
+      // The run's own report carries the comparison: each cell its row, the report the summary.
+      std::string folder = fs::is_directory(a.check) ? a.check : fs::path(a.check).parent_path().string();
+      if (folder.empty()) folder = ".";
+      const FolderLock lock(folder);
+      json r = report;
+      r["plan_check"] = {{"hardware", a.hardware.empty() ? json() : json(a.hardware)}, {"summary", check.value("summary", json())},
+                         {"frontier", check.value("frontier", json::array())}};
+      for (auto& cell : r["cells"])
+        for (const auto& row : check.value("cells", json::array()))
+          if (row.value("cell", "") == cell.value("name", "")) {
+            json p = row;
+            p.erase("cell");
+            cell["plan"] = p;
+          }
+      reports::write_json_atomic((fs::path(folder) / "report.json").string(), r);
+      reports::write_renderings(r, folder);
+      if (a.format != "json") std::cout << "\nthe comparison is in " << folder << "/report.json, report.md and report.html\n";
+    }
     return 0;
   }
   // The model: a preset (or a family) with dimension keys, as the suites take them.

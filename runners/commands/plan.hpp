@@ -17,6 +17,7 @@ struct PlanArgs {
   std::string format = "text";      // text | md | json
   std::string out;                  // also write plan.json, plan.md, plan.html here
   std::string check;                // a results folder: predict its cells and compare
+  bool into_report = false;         // with check: store the comparison in the folder's report
 };
 
 int plan_command(const PlanArgs& a);

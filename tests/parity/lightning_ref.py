@@ -1,4 +1,4 @@
-"""Lightning's Trainer as a second reference for trainscope's ddp cells.
+"""Lightning's Trainer as a second reference for trainscope's ddp cells (and its zero3 cell).
 
 `Trainer(accelerator="cpu", devices=2, strategy="ddp", precision=...)`, the line people copy from
 guides, trains a LightningModule around the same parity model from the same weights on the same
@@ -6,7 +6,9 @@ per-rank batches (the cell's precision: 32-true or bf16-mixed). The ranks are st
 process each with RANK / LOCAL_RANK / WORLD_SIZE / MASTER_* set, so Lightning joins them (its
 environment sees processes created outside it) instead of re-running this script. Compared: the
 parameters after K steps and the loss at each step; the row also says what `accelerator="auto"`
-resolves to on this machine.
+resolves to on this machine. A zero3 cell meets Lightning's `ModelParallelStrategy` (its `fsdp`
+strategy refuses a CPU) with FSDP2's `fully_shard` per block and at the root in `configure_model`,
+as its documentation shows it.
 """
 import os
 import socket
@@ -53,19 +55,30 @@ def free_port():
         return s.getsockname()[1]
 
 
-def _module(cell, dump, rank, world, ref):
+def _module(cell, dump, rank, world, ref, sharded=False):
     cfg = cell["config"]
 
     class Module(_load().pytorch.LightningModule):
+        def configure_model(self):
+            if not sharded:
+                return
+            from torch.distributed.fsdp import fully_shard
+            mesh = self.device_mesh["data_parallel"]
+            for b in ref.blocks_of(self.model.model):
+                fully_shard(b, mesh=mesh, reshard_after_forward=True)
+            fully_shard(self.model, mesh=mesh, reshard_after_forward=True)
+
         def __init__(self):
             super().__init__()
             self.model = ref.build_model(cell, float(cfg.get("dropout", 0.0)))
             ref.load_named(self.model, dump["initial"])
+            if sharded:  # the loss behind __call__, so that the root unit's FSDP2 hooks gather its parameters
+                self.model = ref.LossModule(self.model)
             self.losses, self.times, self._t0 = [], [], None
 
         def training_step(self, batch, batch_idx):
             x, y = batch
-            return self.model.loss(x[0], y[0])
+            return self.model(x[0], y[0]) if sharded else self.model.loss(x[0], y[0])
 
         def on_train_batch_start(self, batch, batch_idx):
             if batch_idx == 0:
@@ -91,7 +104,7 @@ def _module(cell, dump, rank, world, ref):
     return Module()
 
 
-def _rank_main(rank, world, cell, dump_path, port, out_dir, precision):
+def _rank_main(rank, world, cell, dump_path, port, out_dir, precision, sharded=False):
     import reference as ref
     quiet()
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), NODE_RANK="0",
@@ -100,8 +113,12 @@ def _rank_main(rank, world, cell, dump_path, port, out_dir, precision):
     if threads > 0:
         torch.set_num_threads(threads)
     dump = ref.load_dump(dump_path)
-    module = _module(cell, dump, rank, world, ref)
-    trainer = _load().pytorch.Trainer(accelerator="cpu", devices=world, strategy="ddp", precision=precision,
+    module = _module(cell, dump, rank, world, ref, sharded)
+    strategy = "ddp"
+    if sharded:
+        from lightning.pytorch.strategies import ModelParallelStrategy
+        strategy = ModelParallelStrategy(data_parallel_size=world, tensor_parallel_size=1)
+    trainer = _load().pytorch.Trainer(accelerator="cpu", devices=world, strategy=strategy, precision=precision,
                       max_steps=int(dump["inputs"].shape[0]), logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
                       num_sanity_val_steps=0)
@@ -110,7 +127,9 @@ def _rank_main(rank, world, cell, dump_path, port, out_dir, precision):
         losses = torch.stack(module.losses)
         torch.distributed.all_reduce(losses)
         losses /= world
-        final = {k: p.detach().clone() for k, p in ref.trainscope_parameters(module.model)}
+        # Sharded parameters are DTensors: gathered whole (a collective, every rank in the same order).
+        final = {k: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+                 for k, p in ref.trainscope_parameters(module.model)}
         torch.save({"final": final, "losses": losses.tolist(),
                     "step_time_p50_s": statistics.median(module.times) if module.times else None,
                     "resolved": {"strategy": type(trainer.strategy).__name__,
@@ -135,23 +154,28 @@ def auto_resolves_to():
 
 
 def row(cell, dump, dump_path, lib):
-    """The Lightning reference row of one ddp cell, in reference.py's row format."""
+    """The Lightning reference row of one ddp (or zero3) cell, in reference.py's row format."""
     import reference as ref
     cfg = cell["config"]
     precision = cfg.get("precision", "32-true")
     world = int(cfg.get("world_size", 1))
-    out = {"engine": "lightning", "technique": "ddp",
-           "reference": f"Lightning {version()} Trainer(accelerator='cpu', devices={world}, strategy='ddp', "
+    kind = cfg.get("parallel", "ddp")
+    sharded = kind == "zero3"
+    strategy = (f"ModelParallelStrategy(data_parallel_size={world}, tensor_parallel_size=1) with fully_shard per block "
+                "and at the root in configure_model" if sharded else "'ddp'")
+    out = {"engine": "lightning", "technique": kind,
+           "reference": f"Lightning {version()} Trainer(accelerator='cpu', devices={world}, strategy={strategy}, "
                         f"precision='{precision}')"}
-    runs = ref.spawn_ranks(_rank_main, lambda tmp: (world, cell, str(dump_path), free_port(), tmp, precision), world,
-                           cell["name"])
+    runs = ref.spawn_ranks(_rank_main, lambda tmp: (world, cell, str(dump_path), free_port(), tmp, precision, sharded),
+                           world, cell["name"])
     if runs[0].get("attempts", 1) > 1:
         out["reference_attempts"] = runs[0]["attempts"]
-    out["checks"] = ref.compare_training(cell, dump, runs, "ddp")
+    out["checks"] = ref.compare_training(cell, dump, runs, kind)
     out["resolved"] = runs[0]["resolved"]
-    out["auto_resolves_to"] = auto = auto_resolves_to()
-    out["reference"] += (f"; accelerator='auto' resolves to {auto['accelerator']} with {auto['strategy']} and "
-                         f"{auto['devices']} device(s) on this machine")
+    if not sharded:
+        out["auto_resolves_to"] = auto = auto_resolves_to()
+        out["reference"] += (f"; accelerator='auto' resolves to {auto['accelerator']} with {auto['strategy']} and "
+                             f"{auto['devices']} device(s) on this machine")
     ours_t = (cell["metrics"].get("timing", {}).get("step_time_s") or {}).get("p50")
     theirs_t = runs[0]["step_time_p50_s"]
     out["step_time_s"] = {"trainscope": ours_t, "pytorch": theirs_t,

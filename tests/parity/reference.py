@@ -668,6 +668,8 @@ def row(cell, dump_path, lib):
         if kind in deepspeed_ref.STAGES:
             out["engines"] = [engine_row(deepspeed_ref, cell, dump, dump_path, lib)]
             out["engines_table"] = engines_table(cell, kind, runs[0], out["engines"][0])
+            if kind == "zero3" and not is_llama(cell):  # Lightning's ModelParallelStrategy + fully_shard
+                out["engines"].append(engine_row(lightning_ref, cell, dump, dump_path, lib))
     out["checks"] = checks
     failed = [e for e in out.get("engines", []) if e["verdict"] in ("differs", "failed")]
     out["verdict"] = "differs" if any(c["verdict"] == "differs" for c in checks) or failed else "pass"

@@ -212,6 +212,8 @@ def train(cell, dump, strategy, rank=0, world=1, accounting=None):
         return x
 
     model.boundary = boundary
+    if cell.get("deepspeed_module_hooks"):  # the replica of DeepSpeed's stage 3 (deepspeed_ref.module_hooks)
+        deepspeed_ref.module_hooks(model)
     wrapped = LossModule(model)
     comm = CommCounter() if world > 1 else None
     lr, wd = float(cfg.get("lr", 1e-3)), float(cfg.get("weight_decay", 0.0))

@@ -44,6 +44,13 @@ class Parity : public ::testing::Test {
     ADD_FAILURE() << cell << ": no check '" << prefix << "'";
     return json::object();
   }
+  // The check of an engine row (DeepSpeed's, Lightning's) whose name starts with `prefix`.
+  static json engine_check(const json& engine, const std::string& prefix) {
+    for (const auto& k : engine.value("checks", json::array()))
+      if (k.value("name", "").rfind(prefix, 0) == 0) return k;
+    ADD_FAILURE() << engine.value("engine", "?") << ": no check '" << prefix << "'";
+    return json::object();
+  }
   static std::string* out_;
   static Result* result_;
   static json* report_;
@@ -122,12 +129,7 @@ TEST_F(Parity, DeepSpeedZeroMatchesBitForBitAndDiffersOnlyByItsDesign) {
     EXPECT_EQ(ds["engine"], "deepspeed");
     if (ds.value("verdict", "") == "skipped") GTEST_SKIP() << ds.value("reason", "");
     EXPECT_EQ(ds["verdict"], "pass") << cell << ": " << ds.dump();
-    auto named = [&](const std::string& prefix) {
-      for (const auto& k : ds["checks"])
-        if (k.value("name", "").rfind(prefix, 0) == 0) return k;
-      ADD_FAILURE() << cell << ": no DeepSpeed check '" << prefix << "'";
-      return json::object();
-    };
+    auto named = [&](const std::string& prefix) { return engine_check(ds, prefix); };
     EXPECT_EQ(named("parameters after 23 steps")["verdict"], "exact") << cell;
     EXPECT_EQ(named("loss at each of 23 steps")["verdict"], "exact") << cell;
     EXPECT_EQ(named("rank 0 optimizer bytes")["verdict"], "exact") << cell;
@@ -182,12 +184,7 @@ TEST_F(Parity, DeepSpeedBf16IsBf16WeightsWithFp32Masters) {
   const json& ds = engines[0];
   if (ds.value("verdict", "") == "skipped") GTEST_SKIP() << ds.value("reason", "");
   EXPECT_EQ(ds["verdict"], "pass") << ds.dump();
-  auto named = [&](const std::string& prefix) {
-    for (const auto& k : ds["checks"])
-      if (k.value("name", "").rfind(prefix, 0) == 0) return k;
-    ADD_FAILURE() << "no DeepSpeed check '" << prefix << "'";
-    return json::object();
-  };
+  auto named = [&](const std::string& prefix) { return engine_check(ds, prefix); };
   const json step0 = named("step 0 loss: the initial weights cast to bf16");
   EXPECT_EQ(step0["verdict"], "exact") << step0.dump();
   EXPECT_NE(step0["pytorch"].get<double>(), check(cell, "loss at each of 23 steps")["trainscope"][0].get<double>());
@@ -372,12 +369,7 @@ TEST_F(Parity, DeepSpeedOnLlamaIsFsdp2WithItsModuleHooksBitForBit) {
   const json& ds = engines[0];
   if (ds.value("verdict", "") == "skipped") GTEST_SKIP() << ds.value("reason", "");
   EXPECT_EQ(ds["verdict"], "pass") << ds.dump();
-  auto named = [&](const std::string& prefix) {
-    for (const auto& k : ds["checks"])
-      if (k.value("name", "").rfind(prefix, 0) == 0) return k;
-    ADD_FAILURE() << "no DeepSpeed check '" << prefix << "'";
-    return json::object();
-  };
+  auto named = [&](const std::string& prefix) { return engine_check(ds, prefix); };
   EXPECT_EQ(named("parameters after the steps: PyTorch's FSDP2 with an identity autograd Function")["verdict"], "exact");
   EXPECT_EQ(named("loss at every step: the same replica")["verdict"], "exact");
   const json params = named("parameters after 23 steps");

@@ -226,7 +226,8 @@ constexpr const char* kSslSection = "Self-supervised pre-training";
 void plan_tables(const json& report, json& tables) {
   if (!report.contains("plan_check")) return;
   auto bytes = [](const json& v) { return text_or_dash(v, [](double x) { return format_bytes(x); }); };
-  auto err = [](const json& v) { return text_or_dash(v, [](double x) { return format_signed_pct(100 * x, 1); }); };
+  // An error that rounds to zero is shown as 0.0%, not -0.0%.
+  auto err = [](const json& v) { return text_or_dash(v, [](double x) { return format_signed_pct(std::fabs(x) < 5e-4 ? 0.0 : 100 * x, 1); }); };
   auto secs = [](const json& v) { return text_or_dash(v, [](double x) { return format_seconds(x); }); };
   json rows = json::array();
   for (const auto& c : report["cells"]) {

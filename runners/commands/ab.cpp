@@ -162,9 +162,14 @@ int ab_command(const AbArgs& a) {
   // process, because on a shared runner whole stretches of seconds run slow: four slots of one short
   // cell fall within one such stretch more often than four slots of every cell. The medians' ratio is
   // kept beside it as a diagnostic.
-  auto run_block = [&](int j) {
+  auto block_order = [&](int j) {
     std::string order;
     for (int i = 0; i < a.per_side; ++i) order += (i + j) % 2 == 0 ? "AB" : "BA";
+    return order;
+  };
+  const std::string pattern = block_order(0);  // ABBA at the default, its mirror in odd blocks
+  auto run_block = [&](int j) {
+    const std::string order = block_order(j);
     for (const auto& name : names) {
       double best_a = -1, best_b = -1, p50_a = -1, p50_b = -1;
       CellResult& r = cells[name];
@@ -274,7 +279,7 @@ int ab_command(const AbArgs& a) {
                  {"base", {{"binary", a.base}, {"version", base_version}, {"sets", json(a.base_sets)}}},
                  {"new", {{"binary", a.fresh}, {"version", new_version}, {"sets", json(a.new_sets)}}},
                  {"suite", a.suite},
-                 {"design", "blocks of ABBA slots (BAAB when odd) per cell, a fresh process per slot running that cell; per block and cell ln(fastest step of new / fastest step of base) over each side's " + std::to_string(a.per_side) + " process(es)"},
+                 {"design", "blocks of " + pattern + " slots (" + block_order(1) + " when odd) per cell, a fresh process per slot running that cell; per block and cell ln(fastest step of new / fastest step of base) over each side's " + std::to_string(a.per_side) + " process(es)"},
                  {"per_side", a.per_side},
                  {"min_effect", min_effect},
                  {"alpha", a.alpha},
@@ -290,7 +295,7 @@ int ab_command(const AbArgs& a) {
     f << result.dump(2) << "\n";
   }
   std::string text;
-  text += "ab: " + std::to_string(done) + " ABBA blocks of " + std::to_string(names.size()) + " cell(s) in " + format_seconds(seconds) +
+  text += "ab: " + std::to_string(done) + " " + pattern + " blocks of " + std::to_string(names.size()) + " cell(s) in " + format_seconds(seconds) +
           "; verdict: " + run_verdict + "\n";
   for (const auto& v : verdicts) text += "  " + v["cell"].get<std::string>() + ": " + v["verdict"].get<std::string>() + ": " + v.value("why", std::string()) + "\n";
   double wall[2] = {0, 0}, cpu[2] = {0, 0};
@@ -301,7 +306,7 @@ int ab_command(const AbArgs& a) {
   }
   text += "  processes: base " + format_seconds(wall[0]) + " wall, " + format_seconds(cpu[0]) + " CPU; new " + format_seconds(wall[1]) +
           " wall, " + format_seconds(cpu[1]) + " CPU\n";
-  std::string md = "### trainscope ab: **" + run_verdict + "**\n\n" + std::to_string(done) + " ABBA blocks of " + a.suite +
+  std::string md = "### trainscope ab: **" + run_verdict + "**\n\n" + std::to_string(done) + " " + pattern + " blocks of " + a.suite +
                    " in " + format_seconds(seconds) + "; base `" + base_version + "`, new `" + new_version +
                    "`\n\n| cell | verdict | effect | upper bound | p (Holm) | blocks | why |\n| --- | --- | --- | --- | --- | --- | --- |\n";
   for (const auto& v : verdicts)

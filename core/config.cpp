@@ -63,12 +63,15 @@ const std::vector<KeySpec>& config_keys() {
        "~100x slower without AVX512-FP16); auto: emulated on CPU, real on CUDA"},
       {"fp8_scaling", KeyKind::Choice, {"current", "delayed"}, "current",
        "fp8: per-tensor scale from this step's amax (current) or from the largest of the last 16 steps' (delayed)"},
-      {"parallel", KeyKind::Choice, {"single", "ddp", "zero1", "zero2", "zero3"}, "single",
-       "parallel strategy: single process, DDP (c10d reducer), ZeRO-1/2/3 (3 = FSDP-style full sharding)"},
+      {"parallel", KeyKind::Choice, {"single", "ddp", "zero1", "zero2", "zero3", "hsdp"}, "single",
+       "parallel strategy: single process, DDP (c10d reducer), ZeRO-1/2/3 (3 = FSDP-style full sharding), hsdp "
+       "(hybrid: zero3 within a node, gradients all-reduced across nodes)"},
       {"world_size", KeyKind::Int, {}, 1, "number of ranks (batch_size is per rank)", 1},
       {"backend", KeyKind::Choice, {"auto", "gloo", "nccl"}, "auto", "collectives: auto = NCCL on CUDA, Gloo on CPU"},
       {"bucket_mb", KeyKind::Float, {}, 25.0, "ddp: gradient bucket size in MiB", 0},
-      {"prefetch", KeyKind::Bool, {}, true, "zero3: all-gather the next block's parameters while the current one computes"},
+      {"prefetch", KeyKind::Bool, {}, true, "zero3, hsdp: all-gather the next block's parameters while the current one computes"},
+      {"hsdp_shard_size", KeyKind::Int, {}, 0,
+       "hsdp: ranks each copy of the model state is sharded over (0: the ranks of one node)", 0},
       {"collective_timeout_s", KeyKind::Float, {}, 60.0,
        "a rank waiting this long in a collective or rendezvous gives up (a peer died or hangs)", 1},
       {"augment", KeyKind::Bool, {}, false, "random horizontal flips of images, drawn per rank"},
@@ -318,6 +321,7 @@ static void for_each_field(Config& c, Visit&& v) {
   v("backend", c.backend);
   v("bucket_mb", c.bucket_mb);
   v("prefetch", c.prefetch);
+  v("hsdp_shard_size", c.hsdp_shard_size);
   v("collective_timeout_s", c.collective_timeout_s);
   v("augment", c.augment);
   v("rng_every", c.rng_every);

@@ -56,6 +56,7 @@ struct RunConfig {
   std::string backend = "auto";
   double bucket_mb = 25.0;
   bool prefetch = true;
+  int64_t hsdp_shard_size = 0;
   double collective_timeout_s = 60.0;
   bool augment = false;
   int64_t rng_every = 10;

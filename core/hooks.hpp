@@ -43,6 +43,7 @@ struct CollectiveInfo {
   double exposed_s = 0;      // of which the step waited (blocking collectives: all of it)
   int64_t step = -1;         // -1 outside training steps (set-up)
   double end_s = 0;          // when it completed (steady clock, s), if reported later; 0: now
+  std::string level;         // hsdp's groups: "intra-node" or "inter-node" (empty: the whole world)
 };
 
 // A fingerprint (64-bit hash) of one RNG stream or state on this rank. `cls` is must-match (equal on

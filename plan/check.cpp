@@ -63,6 +63,9 @@ json check_report(const json& report, const json& hardware) {
     StepSetup setup;
     try {
       setup = setup_for(c, cuda);
+      // hsdp's default shard group is a node's ranks: the cell's first node says how many.
+      if (setup.strategy == "hsdp" && setup.shard == 0 && cell.contains("nodes") && !cell["nodes"].empty())
+        setup.shard = static_cast<int64_t>(cell["nodes"][0].value("ranks", json::array()).size());
       p = predict_memory(setup);
     } catch (const UsageError& e) {
       row["skipped"] = e.what();
@@ -91,9 +94,17 @@ json check_report(const json& report, const json& hardware) {
       state_err.push_back(e);
     }
     if (device) {
-      // Ranks on one CPU share its cores: each gets cores / ranks of the measured rate.
-      const double share = device->gpu || device->cores <= 0 ? 1.0 : std::min(1.0, static_cast<double>(device->cores) / static_cast<double>(c.world_size));
-      const TimePrediction tp = predict_time(setup, p, *device, Cluster{c.world_size, 1}, 1, share);
+      // The cluster the cell ran on: its ranks grouped by host (one node for local ranks).
+      Cluster cluster{c.world_size, 1};
+      const json nodes = cell.value("nodes", json::array());
+      if (nodes.size() > 1 && c.world_size % static_cast<int64_t>(nodes.size()) == 0)
+        cluster = Cluster{c.world_size / static_cast<int64_t>(nodes.size()), static_cast<int64_t>(nodes.size())};
+      // Ranks on one CPU share its cores: each gets cores / ranks on that machine of the measured rate.
+      const double share = device->gpu || device->cores <= 0
+                               ? 1.0
+                               : std::min(1.0, static_cast<double>(device->cores) / static_cast<double>(cluster.gpus_per_node));
+      const TimePrediction tp = predict_time(setup, p, *device, cluster, 1, share);
+      if (cluster.nodes > 1) row["nodes"] = cluster.nodes;
       row["predicted"]["time"] = tp.to_json();
       const json& timing = cell["metrics"].value("timing", json::object());
       const double step = timing.value("step_time_s", json::object()).value("p50", 0.0);

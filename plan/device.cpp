@@ -273,6 +273,28 @@ DeviceProfile measured_profile(const json& report, const std::string& source) {
       d.busbw = curves;
       d.latency_s = 0;  // the measured bus bandwidth by size already carries the latency
       d.sources["intra_node"] = "measured collectives sweep, bus bandwidth by size (" + source + ")";
+      // Run across nodes, the cell also measured each level on its own groups: within a node the curves
+      // come from those (the world's sweep crossed the nodes); across, the largest all-reduce's bus
+      // bandwidth and the smallest one's time (Calculon's and the datasheet profile's two numbers).
+      const json levels = m.value("hardware", json::object()).value("collectives", json::object()).value("levels", json());
+      if (levels.is_object()) {
+        std::map<std::string, Curve> intra;
+        double largest = 0, smallest = 1e300;
+        for (const auto& row : levels.value("rows", json::array())) {
+          const double bytes = row.value("bytes", 0.0), bw = row.value("busbw_gbps", 0.0) * 1e9;
+          if (row.value("level", "") == "intra-node") {
+            if (bw > 0) intra[row["op"]].points.emplace_back(bytes, bw);
+          } else if (row.value("op", "") == "all-reduce") {
+            if (bytes > largest) largest = bytes, d.inter_busbw = bw;
+            if (bytes < smallest) smallest = bytes, d.inter_latency_s = row.value("time_s", 0.0);
+          }
+        }
+        for (auto& [op, c] : intra) std::sort(c.points.begin(), c.points.end());
+        if (!intra.empty()) d.busbw = intra;
+        d.sources["intra_node"] = "measured within a node on the cluster, bus bandwidth by size (" + source + ")";
+        d.sources["inter_node"] = "measured across nodes on the cluster: the largest all-reduce's bus bandwidth, the "
+                                  "smallest one's time as latency (" + source + ")";
+      }
     }
     if (const auto cores = env.value("cpu", json::object()).value("logical_cores", int64_t{0}); cores > 0) d.cores = cores;
   }

@@ -54,7 +54,10 @@ json make_plan(const PlanRequest& r) {
   std::vector<std::string> precisions = {"32-true", "bf16-mixed", "16-mixed", "bf16-true"};
   if (d.has("fp8")) precisions.push_back("fp8");
   precisions = axis("precision", precisions);
-  const std::vector<std::string> strategies = ranks > 1 ? axis("parallel", {"ddp", "zero1", "zero2", "zero3"}) : axis("parallel", {"single"});
+  // hsdp (sharded within a node, replicated across nodes) only differs from zero3 across nodes.
+  std::vector<std::string> all_strategies = {"ddp", "zero1", "zero2", "zero3"};
+  if (r.cluster.nodes > 1) all_strategies.push_back("hsdp");
+  const std::vector<std::string> strategies = ranks > 1 ? axis("parallel", all_strategies) : axis("parallel", {"single"});
   const std::vector<std::string> policies = axis("checkpoint", {"none", "selective", "every:8", "every:4", "every:2", "full"});
   const std::vector<std::string> attentions = axis("attention", {"sdpa", "eager"});
   std::vector<int64_t> micro;
@@ -103,6 +106,7 @@ json make_plan(const PlanRequest& r) {
             s.replay.cuda = d.gpu;
             s.strategy = strat;
             s.world = ranks;
+            s.shard = r.cluster.gpus_per_node;  // hsdp: one node's ranks
             s.resident_data_bytes = 0;
             const MemoryPrediction mp = predict_memory(s);
             const double peak = static_cast<double>(mp.peak);

@@ -54,6 +54,7 @@ StepSetup step_setup(const RunConfig& c, bool cuda) {
   s.replay.cuda = cuda;
   s.strategy = c.world_size > 1 ? c.parallel : "single";
   s.world = c.world_size;
+  s.shard = c.hsdp_shard_size;
   s.optimizer = c.optimizer;
   s.weight_decay = c.weight_decay;
   s.prefetch = c.prefetch;
@@ -72,7 +73,10 @@ MemoryPrediction predict_memory(const StepSetup& s) {
   const ParamLayout layout = param_layout(r);
   const int pe = r.num.param;
   const int64_t W = s.world;
-  const bool z3 = s.strategy == "zero3", z12 = s.strategy == "zero1" || s.strategy == "zero2";
+  // hsdp holds what zero3 holds over its shard group (N ranks); the all-reduce across the groups is in
+  // place.
+  const bool z3 = s.strategy == "zero3" || s.strategy == "hsdp", z12 = s.strategy == "zero1" || s.strategy == "zero2";
+  const int64_t N = s.sharding();
   Tape t;
   MemoryPrediction out;
 
@@ -124,7 +128,7 @@ MemoryPrediction predict_memory(const StepSetup& s) {
   } else if (z3) {
     t.release(total * pe);  // flattened per unit, then released: each rank keeps shards
     for (int64_t u : unit_numel) {
-      const int64_t shard = padded(u, W) / W;
+      const int64_t shard = padded(u, N) / N;
       owned_grads.push_back(t.data(shard, pe));  // shard (its own memory)
       owned_grads.push_back(t.data(shard, pe));  // its gradient: zeros_like
       opt_numel += shard;
@@ -168,8 +172,8 @@ MemoryPrediction predict_memory(const StepSetup& s) {
     }
     int64_t gathered = 0;
     if (z3) {  // before_forward: the root unit gathered for the step, its gradient buffer allocated
-      t.alloc(padded(unit_numel[0], W) * pe * 2);
-      gathered += padded(unit_numel[0], W) * pe * 2;
+      t.alloc(padded(unit_numel[0], N) * pe * 2);
+      gathered += padded(unit_numel[0], N) * pe * 2;
     }
     const int64_t start = t.live();
     T loss;
@@ -177,22 +181,22 @@ MemoryPrediction predict_memory(const StepSetup& s) {
       if (z3) {
         // Zero3BlockFunction: gather the block (and prefetch the next) around its forward, keep its
         // graph, release; in backward gather again (prefetching the previous), reduce-scatter.
-        t.block_wrapper = [&t, &unit_numel, W, pe, prefetch = s.prefetch](size_t i, const std::function<T(Tape&, const T&)>& body,
+        t.block_wrapper = [&t, &unit_numel, N, pe, prefetch = s.prefetch](size_t i, const std::function<T(Tape&, const T&)>& body,
                                                               const T& x) -> T {
           const int64_t blocks = static_cast<int64_t>(unit_numel.size()) - 1;
-          const int64_t bytes = padded(unit_numel[i + 1], W) * pe;
-          const int64_t next_fwd = prefetch && static_cast<int64_t>(i) + 1 < blocks ? padded(unit_numel[i + 2], W) * pe : 0;
-          const int64_t next_bwd = prefetch && i > 0 ? padded(unit_numel[i], W) * pe : 0;
+          const int64_t bytes = padded(unit_numel[i + 1], N) * pe;
+          const int64_t next_fwd = prefetch && static_cast<int64_t>(i) + 1 < blocks ? padded(unit_numel[i + 2], N) * pe : 0;
+          const int64_t next_bwd = prefetch && i > 0 ? padded(unit_numel[i], N) * pe : 0;
           t.alloc(bytes);  // gather (or the prefetch that already holds it)
           if (next_fwd) t.alloc(next_fwd);
-          T y = t.own_graph(body, x, [bytes, next_bwd, W, pe](Tape& tape, const std::function<void()>& run) {
+          T y = t.own_graph(body, x, [bytes, next_bwd, N, pe](Tape& tape, const std::function<void()>& run) {
             tape.alloc(bytes);
             if (next_bwd) tape.alloc(next_bwd);
             run();
             tape.release(bytes);
             // Unit::reduce: the flat gradient, the shard out, then the returned gradients go.
             tape.alloc(bytes);
-            tape.transient(bytes / W);
+            tape.transient(bytes / N);
             tape.release(bytes);
             tape.free_collected();
             if (next_bwd) tape.release(next_bwd);  // counted again by that block's gather

@@ -11,8 +11,11 @@ namespace trainscope::plan {
 
 struct StepSetup {
   Replay replay;
-  std::string strategy = "single";  // single | ddp | zero1 | zero2 | zero3
+  std::string strategy = "single";  // single | ddp | zero1 | zero2 | zero3 | hsdp
   int64_t world = 1;
+  int64_t shard = 0;  // hsdp: ranks per shard group (0: the world, i.e. zero3)
+  // The ranks one copy of the model state is sharded over: hsdp's shard group, else the world.
+  int64_t sharding() const { return strategy == "hsdp" && shard > 0 ? shard : world; }
   std::string optimizer = "adamw";
   double weight_decay = 0.0;
   bool prefetch = true;

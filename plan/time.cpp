@@ -100,9 +100,10 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
   if (s.strategy == "single" || s.strategy == "ddp") {
     opt_tensors = layout.root;
     for (const auto& b : layout.blocks) opt_tensors.insert(opt_tensors.end(), b.begin(), b.end());
-  } else if (s.strategy == "zero3") {
-    opt_tensors.push_back(padded(std::accumulate(layout.root.begin(), layout.root.end(), int64_t{0}), W) / W);
-    for (const auto& b : layout.blocks) opt_tensors.push_back(padded(std::accumulate(b.begin(), b.end(), int64_t{0}), W) / W);
+  } else if (s.strategy == "zero3" || s.strategy == "hsdp") {
+    const int64_t N = s.sharding();
+    opt_tensors.push_back(padded(std::accumulate(layout.root.begin(), layout.root.end(), int64_t{0}), N) / N);
+    for (const auto& b : layout.blocks) opt_tensors.push_back(padded(std::accumulate(b.begin(), b.end(), int64_t{0}), N) / N);
   } else {
     opt_tensors.push_back(padded(total, W) / W);
   }
@@ -169,22 +170,35 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
       }
       t.overlap_rule = "gradient buckets reduced during backward (exposed: what outlasts backward, at least the last bucket)" +
                        std::string(s.strategy == "ddp" ? "" : "; the parameter all-gather after the step is exposed");
-    } else if (s.strategy == "zero3") {
+    } else if (s.strategy == "zero3" || s.strategy == "hsdp") {
       // Each block: all-gather before its forward and again before its backward, reduce-scatter of its
       // gradients after. With prefetch the next block's gather runs under the current block's compute.
+      // hsdp runs these within its shard group of N ranks (inside a node when N fits one: the fast
+      // links), then all-reduces each gradient slice across the W/N groups, synchronously.
+      const int64_t N = s.sharding(), R = W / std::max<int64_t>(N, 1);
+      const bool shard_inter = N > c.gpus_per_node && c.nodes > 1;
+      double ar_total = 0, ar_bytes = 0;
+      auto replicas = [&](int64_t unit_bytes, double calls) {
+        if (R < 2) return;
+        const double slice = static_cast<double>(unit_bytes / N);
+        ar_total += d.collective_seconds("all-reduce", slice, R, inter) * calls;
+        ar_bytes += slice * calls;
+      };
       const size_t blocks = layout.blocks.size();
       const double per_block_fwd = blocks ? (t.forward_s / static_cast<double>(blocks)) : 0;
       const double per_block_bwd = blocks ? ((t.backward_s + t.recompute_s) / static_cast<double>(blocks)) : 0;
       double ag_total = 0, ag_exposed = 0, rs_total = 0;
-      const double root = static_cast<double>(padded(std::accumulate(layout.root.begin(), layout.root.end(), int64_t{0}), W) * pe);
-      const double root_ag = d.collective_seconds("all-gather", root, W, inter);
-      const double root_rs = d.collective_seconds("reduce-scatter", root, W, inter);
+      const double root = static_cast<double>(padded(std::accumulate(layout.root.begin(), layout.root.end(), int64_t{0}), N) * pe);
+      const double root_ag = d.collective_seconds("all-gather", root, N, shard_inter);
+      const double root_rs = d.collective_seconds("reduce-scatter", root, N, shard_inter);
+      replicas(static_cast<int64_t>(root), 1);
       ag_total += root_ag;
       ag_exposed += root_ag;
       for (size_t i = 0; i < blocks; ++i) {
-        const double bytes = static_cast<double>(padded(std::accumulate(layout.blocks[i].begin(), layout.blocks[i].end(), int64_t{0}), W) * pe);
-        const double ag = d.collective_seconds("all-gather", bytes, W, inter);
-        const double rs = d.collective_seconds("reduce-scatter", bytes, W, inter);
+        const double bytes = static_cast<double>(padded(std::accumulate(layout.blocks[i].begin(), layout.blocks[i].end(), int64_t{0}), N) * pe);
+        const double ag = d.collective_seconds("all-gather", bytes, N, shard_inter);
+        const double rs = d.collective_seconds("reduce-scatter", bytes, N, shard_inter);
+        replicas(static_cast<int64_t>(bytes), static_cast<double>(accumulation));
         ag_total += 2 * ag * accumulation;
         rs_total += rs * accumulation;
         const bool first_f = i == 0, first_b = i + 1 == blocks;
@@ -192,17 +206,26 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
         const double eb = s.prefetch && !first_b ? std::max(0.0, ag - per_block_bwd) : ag;
         ag_exposed += (ef + eb) * accumulation;
       }
-      t.comm_s += ag_total + rs_total + root_rs;
-      t.exposed_comm_s += ag_exposed + rs_total + root_rs;
+      t.comm_s += ag_total + rs_total + root_rs + ar_total;
+      t.exposed_comm_s += ag_exposed + rs_total + root_rs + ar_total;
+      if (ar_total > 0) {
+        t.collectives.push_back({{"op", "all-reduce"}, {"bytes", ar_bytes}, {"seconds", ar_total}, {"exposed_s", ar_total},
+                                 {"level", inter ? "inter-node" : "intra-node"}});
+        t.inter_comm_s = inter ? ar_total : 0;
+      }
       t.collectives.push_back({{"op", "all-gather"}, {"seconds", ag_total}, {"exposed_s", ag_exposed}});
       t.collectives.push_back({{"op", "reduce-scatter"}, {"seconds", rs_total + root_rs}, {"exposed_s", rs_total + root_rs}});
       t.overlap_rule = s.prefetch ? "each block's all-gather prefetched under the previous block's compute (exposed: what outlasts it, "
                                     "and the first); reduce-scatters are synchronous (exposed)"
                                   : "no prefetch: every all-gather and reduce-scatter is exposed";
+      if (R > 1) t.overlap_rule += "; the gradient slices' all-reduce across the shard groups is synchronous (exposed)";
     }
   }
   t.step_s = t.compute_s + t.exposed_comm_s;
-  t.bound = t.exposed_comm_s > t.compute_s ? (inter ? "inter-node communication" : "intra-node communication")
+  // hsdp crosses nodes only with its gradient slices: it is bound by the level holding most of its
+  // exposed communication.
+  const bool inter_bound = inter && (s.strategy != "hsdp" || t.inter_comm_s > t.exposed_comm_s - t.inter_comm_s);
+  t.bound = t.exposed_comm_s > t.compute_s ? (inter_bound ? "inter-node communication" : "intra-node communication")
             : d.gpu && t.host_s > t.device_s ? "host dispatch"
                                              : "compute";
   return t;

@@ -24,6 +24,7 @@ struct TimePrediction {
   double host_s = 0, device_s = 0;  // the host's dispatch and the kernels: compute_s is their sum on a CPU, the larger on a GPU
   double comm_s = 0;           // every collective of the step, end to end
   double exposed_comm_s = 0;   // what the step waits for (the overlap rule's remainder)
+  double inter_comm_s = 0;     // hsdp: the part of it across nodes (the gradient slices' all-reduce)
   double step_s = 0;
   std::string bound;           // compute | host dispatch (a GPU waiting on the host) | intra-node | inter-node communication
   json collectives = json::array();  // per op: bytes per call, calls, seconds, exposed seconds

@@ -532,7 +532,7 @@ json recommend(const json& report) {
     const json& cfg = c["config"];
     const std::string strategy = cfg.value("parallel", "?"), model = cfg.value("model", "?");
     const std::string at = " at " + std::to_string(cfg.value("world_size", 0)) + " ranks";
-    if (strategy.rfind("zero", 0) == 0 && p["model_state_vs_ddp_pct"].is_number()) {
+    if ((strategy.rfind("zero", 0) == 0 || strategy == "hsdp") && p["model_state_vs_ddp_pct"].is_number()) {
       const json* ddp = sibling(report, c, "parallel", "ddp");
       const double state = p["model_state_bytes"], state0 = number_at(*ddp, {"metrics", "memory", "model_state_total_bytes"});
       std::string text = model + ": " + strategy + " cuts model-state memory per rank from " + format_bytes(state0) +
@@ -548,7 +548,7 @@ json recommend(const json& report) {
     }
     if (p["exposed_comm_fraction"].is_number() && p["exposed_comm_fraction"].get<double>() > kExposedWarn) {
       const double f = p["exposed_comm_fraction"];
-      const std::string remedy = strategy == "zero3"
+      const std::string remedy = strategy == "zero3" || strategy == "hsdp"
                                      ? (cfg.value("prefetch", true)
                                             ? "prefetch is on: fewer, larger units (whole stages) or a faster link"
                                             : "turn prefetch on, so the next block's all-gather runs during this one")
@@ -571,6 +571,48 @@ json recommend(const json& report) {
                         {{"scaling_efficiency", p["scaling_efficiency"]}, {"step_time_vs_single_pct", p["step_time_vs_single_pct"]}},
                         {c["name"], p["reference"]}));
   }
+  // Across nodes: hsdp against zero3 and ddp on the same cell, on the links this run measured. Each
+  // strategy's communication per step by level says which link bounds it: zero3 and ddp run every
+  // collective over the whole world (across the nodes), hsdp only its gradient slices.
+  for (const auto& c : report["cells"]) {
+    if (c["status"] != "ok" || c["config"].value("parallel", "") != "hsdp" || c.value("nodes", json::array()).size() < 2) continue;
+    std::vector<const json*> cells = {&c};
+    for (const char* other : {"zero3", "ddp"})
+      if (const json* o = sibling(report, c, "parallel", other); o && (*o)["status"] == "ok") cells.push_back(o);
+    if (cells.size() < 2) continue;
+    const json* fastest = nullptr;
+    std::string parts;
+    json evidence = json::object(), names = json::array();
+    for (const json* x : cells) {
+      const std::string strategy = (*x)["config"]["parallel"];
+      const double t = number_at(*x, {"metrics", "timing", "step_time_s", "p50"});
+      if (!std::isfinite(t) || t <= 0) continue;
+      if (!fastest || t < number_at(*fastest, {"metrics", "timing", "step_time_s", "p50"})) fastest = x;
+      const json levels = (*x)["metrics"].value("comm", json::object()).value("levels", json::object());
+      std::string by_level;
+      json ev = {{"step_time_s", t}};
+      for (const char* level : {"intra-node", "inter-node"}) {
+        if (!levels.contains(level)) continue;
+        const double s = levels[level].value("comm_time_s", 0.0);
+        by_level += (by_level.empty() ? "" : ", ") + format_seconds(s) + " " + (std::string(level) == "intra-node" ? "within a node" : "across nodes");
+        ev[level + std::string("_comm_time_s")] = s;
+      }
+      parts += (parts.empty() ? "" : "; ") + strategy + " " + format_seconds(t) + " per step" +
+               (by_level.empty() ? "" : " (communication " + by_level + ")");
+      evidence[strategy] = ev;
+      names.push_back((*x)["name"]);
+    }
+    if (!fastest) continue;
+    const json& cfg = c["config"];
+    const std::string fast = (*fastest)["config"]["parallel"];
+    const std::string text = cfg.value("model", "?") + " at " + std::to_string(cfg.value("world_size", 0)) + " ranks on " +
+                             std::to_string(c["nodes"].size()) + " nodes: " + parts + ". " + fast + " is fastest on these links" +
+                             (fast == "hsdp" ? ": its gathers stay inside a node and only the gradient slices cross" :
+                              fast == "ddp" ? ": the model state fits unsharded and one all-reduce per bucket beats sharding's traffic" :
+                              ": the link across nodes is fast enough for full sharding's gathers");
+    out.push_back(rec("parallel.across-nodes", "info", text, evidence, names));
+  }
+
   // busbw against the GPUs' link, where the device is known (per-direction NVLink bandwidth from
   // NVIDIA's datasheets; nccl-tests' busbw approaches it for large messages within one node).
   struct Link {

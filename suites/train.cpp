@@ -57,8 +57,10 @@ std::string unsupported_reason(const RunConfig& c, const std::string& device) {
     if (cuda && c.world_size > static_cast<int64_t>(torch::cuda::device_count()))
       return "needs " + std::to_string(c.world_size) + " GPUs on this machine for its local ranks; LibTorch sees " +
              std::to_string(torch::cuda::device_count());
-    if (c.parallel == "zero3" && precision_mode(c.precision, device, c.fp16).emulated)
-      return "fp16 emulation rounds the whole model's weights each step; zero3 holds only shards of them";
+    if ((c.parallel == "zero3" || c.parallel == "hsdp") && precision_mode(c.precision, device, c.fp16).emulated)
+      return "fp16 emulation rounds the whole model's weights each step; " + c.parallel + " holds only shards of them";
+    if (c.parallel == "hsdp" && c.hsdp_shard_size > 0 && c.world_size % c.hsdp_shard_size != 0)
+      return "hsdp_shard_size " + std::to_string(c.hsdp_shard_size) + " does not divide world_size " + std::to_string(c.world_size);
   }
   if (c.precision == "tf32" && !cuda)
     return "tf32 needs a CUDA GPU (Ampere or newer); this cell runs on " + device;
@@ -181,7 +183,7 @@ Trainer::Trainer(const RunConfig& config, const std::string& device, Communicato
   policy.check = config.checkpoint_check;
   model_->set_checkpoint(policy);
   model_->set_boundary([this](const std::string& block, torch::Tensor x) { return boundary(block, std::move(x)); });
-  strategy_ = make_strategy(comm ? config.parallel : "single", comm, config.bucket_mb, config.prefetch);
+  strategy_ = make_strategy(comm ? config.parallel : "single", comm, config.bucket_mb, config.prefetch, config.hsdp_shard_size);
   opt_params_ = strategy_->setup(*model_, !skip_broadcast);
   if (mode_.emulated) weight_rounding_ = std::make_unique<Fp16WeightRounding>(model_->parameters());
   if (mode_.scaler) {
@@ -434,7 +436,7 @@ ModelStateBytes Trainer::model_state() const {
   for (const auto& p : model_->parameters()) numel += p.numel();
   const int64_t P = static_cast<int64_t>(c10::elementSize(mode_.param_dtype));
   const ExpectedModelState e =
-      expected_model_state(strategy_->comm() ? config_.parallel : "single", numel, P, words * P, world_);
+      expected_model_state(strategy_->comm() ? config_.parallel : "single", numel, P, words * P, strategy_->sharding_degree());
   m.expected = e.bytes;
   m.expected_formula = e.formula;
   return m;

@@ -30,7 +30,7 @@ TEST(Cli, BadArgumentsAreOneLineErrorsWithExit2) {
       {"run --set checkpoint=half", "unknown checkpoint 'half' (allowed: none, full, every:<k>, selective)"},
       {"run --steps ten", "bad value 'ten' for 'steps': expected a number"},
       {"run --device gpu", "unknown device 'gpu' (allowed: auto, cpu, cuda, cuda:<index>)"},
-      {"run --set parallel=fsdp", "unknown parallel 'fsdp' (allowed: single, ddp, zero1, zero2, zero3)"},
+      {"run --set parallel=fsdp", "unknown parallel 'fsdp' (allowed: single, ddp, zero1, zero2, zero3, hsdp)"},
       {"run --nproc 0", "--nproc"},
       {"run --set steps", "--set expects key=value"},
       {"run --suite no-such-suite", "unknown suite 'no-such-suite' (built-in: checkpointing, gate, hardware, llama, parallel, parity, pitfalls, precision, quick, ssl"},

@@ -278,6 +278,82 @@ lr = 0.05
   EXPECT_DOUBLE_EQ(ddp, single_state);
 }
 
+// hsdp on 4 ranks in two shard groups of 2: each block's gradients reduce-scattered within the group,
+// each slice then all-reduced with the other group's, so K steps still equal one process on the
+// global batch of 16 (fp64, as the test above: a mean over 2 then over 2 rounds differently from one
+// over 4 by ~1e-16 relative, far inside its atol; a missed average over the replicas halves or doubles
+// SGD's whole update, ~0.05 x |g|). Per rank it holds the model state of zero3 over 2, not over 4.
+TEST(Parallel, HsdpEqualsOneProcessAndShardsWithinItsGroup) {
+  const SuiteRun run = run_suite_text("hsdp", R"(
+name = "hsdp"
+[base]
+model = "gpt-tiny"
+precision = "64-true"
+warmup_steps = 0
+steps = 6
+eval = false
+overflow_every = 0
+save_parameters = true
+optimizer = "sgd"
+lr = 0.05
+world_size = 4
+batch_size = 4
+[[cells]]
+name = "single"
+world_size = 1
+batch_size = 16
+[[cells]]
+name = "hsdp"
+parallel = "hsdp"
+hsdp_shard_size = 2
+[[cells]]
+name = "zero3"
+parallel = "zero3"
+[[cells]]
+name = "hsdp-bad-size"
+parallel = "hsdp"
+hsdp_shard_size = 3
+)", "--nproc 4");
+  ASSERT_EQ(run.result.code, 0) << run.result.out;
+  const json& report = run.report;
+  const json bad = cell_named(report, "hsdp-bad-size");
+  EXPECT_EQ(bad["status"], "skipped");
+  EXPECT_NE(bad["reason"].get<std::string>().find("does not divide world_size 4"), std::string::npos) << bad["reason"];
+
+  const auto single = load_params(run.out + "/cells/single.params.pt");
+  ASSERT_FALSE(single.empty());
+  std::vector<std::vector<torch::Tensor>> ranks;
+  for (int r = 0; r < 4; ++r) ranks.push_back(load_params(run.out + "/cells/hsdp.rank" + std::to_string(r) + ".params.pt"));
+  for (size_t i = 0; i < single.size(); ++i) {
+    for (int r = 1; r < 4; ++r) EXPECT_TRUE(torch::equal(ranks[0][i], ranks[r][i])) << "rank " << r << " parameter " << i;
+    EXPECT_TRUE(torch::allclose(ranks[0][i], single[i], /*rtol=*/0, /*atol=*/1e-9))
+        << "parameter " << i << ": max |diff| " << (ranks[0][i] - single[i]).abs().max().item<double>();
+  }
+
+  // The gathers and reduce-scatters run in the shard group, the gradient slices' all-reduce in the
+  // replica group; this host holds all four ranks, so both groups are intra-node.
+  const json hsdp = cell_named(report, "hsdp");
+  ASSERT_EQ(hsdp["status"], "ok") << hsdp.dump();
+  std::set<std::string> ops;
+  for (const json& row : hsdp["metrics"]["comm"]["collectives"]) {
+    ASSERT_TRUE(row.contains("level")) << row.dump();
+    EXPECT_EQ(row["level"], "intra-node");
+    EXPECT_EQ(row["group_size"], 2) << row.dump();
+    ops.insert(row["op"].get<std::string>());
+  }
+  EXPECT_EQ(ops, (std::set<std::string>{"all-gather", "reduce-scatter", "all-reduce"}));
+  for (const json& row : cell_named(report, "zero3")["metrics"]["comm"]["collectives"]) {
+    EXPECT_FALSE(row.contains("level")) << row.dump();
+    EXPECT_NE(row["op"], "all-reduce");  // zero3 reduce-scatters over the world, nothing more
+  }
+  // Model state: zero3's formula over the shard group (N = 2), twice zero3's over 4 ranks.
+  const json m = hsdp["metrics"]["memory"];
+  EXPECT_EQ(m["expected_model_state_formula"], "(8+8+8)Ψ/N");
+  EXPECT_NEAR(m["model_state_total_bytes"].get<double>() / m["expected_model_state_bytes"].get<double>(), 1.0, 0.01);
+  const double z3 = cell_named(report, "zero3")["metrics"]["memory"]["model_state_total_bytes"];
+  EXPECT_NEAR(m["model_state_total_bytes"].get<double>() / z3, 2.0, 0.02);
+}
+
 // zero1 reduces as DDP does: bucket by bucket during backward (c10d's Reducer); zero2 reduces each
 // bucket to the ranks owning its part of the flat buffer, also during backward (DeepSpeed's
 // overlap_comm). With small buckets the collectives are several, they add up to the gradient bytes

@@ -62,9 +62,9 @@ json* Parity::report_ = nullptr;
 TEST_F(Parity, EveryRowPassesAndTheReportValidates) {
   ASSERT_EQ(result_->code, 0) << result_->out;
   ASSERT_TRUE(report_->contains("parity"));
-  EXPECT_EQ((*report_)["parity"]["cells"], 19);
+  EXPECT_EQ((*report_)["parity"]["cells"], 20);
   // Rows whose reference package is missing are skipped with the reason (none where the set-up ran).
-  EXPECT_EQ((*report_)["parity"]["pass"].get<int>() + (*report_)["parity"].value("skipped", 0), 19);
+  EXPECT_EQ((*report_)["parity"]["pass"].get<int>() + (*report_)["parity"].value("skipped", 0), 20);
   const Result v = validate_report(*out_ + "/report.json");
   EXPECT_EQ(v.code, 0) << v.out;
   std::ifstream md(*out_ + "/report.md");
@@ -116,6 +116,27 @@ TEST_F(Parity, Zero3CommunicationDiffersFromFsdp2ByTheRootUnitOnly) {
   EXPECT_EQ(check("gpt-tiny/zero3", "reduce-scatter bytes per step")["verdict"], "exact");
   EXPECT_EQ(check("gpt-tiny/zero2", "all-gather bytes per step")["verdict"], "exact");
   EXPECT_EQ(check("gpt-tiny/zero2", "reduce-scatter bytes per step")["verdict"], "exact");
+}
+
+// HSDP on 4 ranks (two shard groups of two) against FSDP2 on a 2-D mesh: each reduction is two
+// halvings of a + b (within the group, then across), exact whichever side divides first, so the
+// parameters and losses agree bit for bit; each rank holds half the model state, as FSDP2's does.
+TEST_F(Parity, HsdpMatchesFsdp2OnATwoDimensionalMesh) {
+  EXPECT_NE(row("gpt-tiny/hsdp").value("reference", "").find("2-D DeviceMesh"), std::string::npos);
+  EXPECT_EQ(check("gpt-tiny/hsdp", "parameters after 23 steps")["verdict"], "exact");
+  EXPECT_EQ(check("gpt-tiny/hsdp", "loss at each of 23 steps")["verdict"], "exact");
+  for (const char* rank : {"rank 0 ", "rank 3 "})
+    for (const char* part : {"params", "grads", "optimizer"}) {
+      const json c = check("gpt-tiny/hsdp", std::string(rank) + part + " bytes");
+      EXPECT_EQ(c["verdict"], "exact") << rank << part;
+    }
+  // gpt-tiny's 482304 B of fp32 parameters over a shard group of 2: each rank holds half.
+  EXPECT_EQ(check("gpt-tiny/hsdp", "rank 0 params bytes")["trainscope"], 482304 / 2);
+  // The gradient slices cross the groups: an all-reduce of half the gradient bytes per step, on both sides.
+  const json ar = check("gpt-tiny/hsdp", "all-reduce bytes per step");
+  EXPECT_EQ(ar["verdict"], "exact");
+  EXPECT_DOUBLE_EQ(ar["trainscope"].get<double>(), 482304 / 2.0);
+  EXPECT_EQ(check("gpt-tiny/hsdp", "reduce-scatter bytes per step")["verdict"], "exact");
 }
 
 // DeepSpeed's ZeRO engine (stages 1-3, torch SGD, gradient_clipping 0.0, the cell's bucket cap) on the

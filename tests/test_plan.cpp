@@ -216,6 +216,52 @@ TEST(Plan, ReplayModelStateMatchesTheZeroFormulas) {
   // (2P + K) psi / N, each unit padded to a multiple of N: at most N - 1 elements more per unit.
   EXPECT_GE(m.state.total(), 16 * psi / 4);
   EXPECT_LE(m.state.total(), 16 * (psi / 4 + units));
+  // hsdp in shard groups of 2 holds zero3's state over 2 ranks, whatever the world.
+  c.parallel = "hsdp";
+  c.hsdp_shard_size = 2;
+  m = plan::predict_memory(plan::step_setup(c, false));
+  EXPECT_GE(m.state.total(), 16 * psi / 2);
+  EXPECT_LE(m.state.total(), 16 * (psi / 2 + units));
+}
+
+// Across nodes the planner offers hsdp beside zero3: the same state per rank as zero3 over one node,
+// its gathers and reduce-scatters on the node's links (8 ranks, not 32 across the NICs), and only the
+// gradient slices across nodes: an all-reduce of Ψ/8 values per rank, on the inter-node level.
+TEST(Plan, HsdpAcrossNodesShardsWithinANode) {
+  const Result r = ts("plan --model llama3-8b --gpus-per-node 8 --nodes 4 --device H200 --set precision=bf16-mixed "
+                      "--set checkpoint=full --set attention=sdpa --set batch_size=1 --format json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json p = json::parse(r.out);
+  json hsdp, zero3;
+  for (const auto& c : p["candidates"]) {
+    if (c["parallel"] == "hsdp") hsdp = c;
+    if (c["parallel"] == "zero3") zero3 = c;
+  }
+  ASSERT_TRUE(hsdp.is_object() && zero3.is_object()) << r.out.substr(0, 2000);
+  const double n = 8030261248.0;
+  // bf16-mixed keeps fp32 weights, gradients and two moments: 16 B per parameter over the 8 ranks of a node.
+  EXPECT_NEAR(hsdp["memory"]["model_state_total_bytes"].get<double>(), 16 * n / 8, 16 * 8 * 33.0);
+  EXPECT_NEAR(zero3["memory"]["model_state_total_bytes"].get<double>(), 16 * n / 32, 16 * 32 * 33.0);
+  double ar_bytes = 0, hsdp_ag = 0, zero3_ag = 0;
+  std::string level;
+  for (const auto& c : hsdp["time"]["collectives"]) {
+    if (c["op"] == "all-reduce") ar_bytes = c["bytes"], level = c["level"];
+    if (c["op"] == "all-gather") hsdp_ag = c["seconds"];
+  }
+  for (const auto& c : zero3["time"]["collectives"])
+    if (c["op"] == "all-gather") zero3_ag = c["seconds"];
+  EXPECT_EQ(level, "inter-node");
+  // fp32 gradient slices, each unit padded to 8: the blocks' after every micro-batch's backward, the
+  // root's (embedding, head, final norm) once per step.
+  const double root = 2.0 * 128256 * 4096 + 4096, accumulation = hsdp["accumulation"];
+  EXPECT_NEAR(ar_bytes, 4 * (root + accumulation * (n - root)) / 8, 4 * 33.0 * 8 * accumulation);
+  EXPECT_GT(zero3_ag, 0.0);
+  EXPECT_LT(hsdp_ag, zero3_ag);  // NVLink at 360 GB/s against the NIC at 40 GB/s
+  // With one node there is nothing to replicate across: no hsdp candidate.
+  const Result one = ts("plan --model llama3-8b --gpus-per-node 8 --device H200 --set precision=bf16-mixed "
+                        "--set checkpoint=full --set attention=sdpa --set batch_size=1 --format json");
+  ASSERT_EQ(one.code, 0) << one.out;
+  for (const auto& c : json::parse(one.out)["candidates"]) EXPECT_NE(c["parallel"], "hsdp");
 }
 
 }  // namespace

@@ -205,6 +205,38 @@ TEST(Recommendations, CheckpointingTradeoffAndLeaveOff) {
   EXPECT_EQ(none_saved["recommendations"][0]["id"], "checkpoint.leave-off");
 }
 
+// On 2 nodes: hsdp's communication mostly within a node, zero3's all across; the rule names the
+// fastest on these links and each strategy's time per level.
+TEST(Recommendations, HsdpAgainstZero3AndDdpAcrossNodes) {
+  auto across = [](const std::string& strategy, double p50, json levels) {
+    json c = cell("gpt-tiny", "32-true", p50, 1.0, 0.5);
+    c["config"]["parallel"] = strategy;
+    c["config"]["world_size"] = 4;
+    c["name"] = "gpt-tiny/" + strategy + "/ws4";
+    c["nodes"] = json::array({{{"node", 0}, {"host", "node0"}, {"ranks", {0, 1}}}, {{"node", 1}, {"host", "node1"}, {"ranks", {2, 3}}}});
+    c["metrics"]["comm"] = {{"collectives", json::array()}, {"comm_time_s", 0.05}, {"exposed_comm_time_s", 0.05},
+                            {"overlap", 0.0}, {"levels", levels}};
+    return c;
+  };
+  auto level = [](double s) { return json{{"comm_time_s", s}, {"exposed_comm_time_s", s}}; };
+  const json hsdp = across("hsdp", 0.040, {{"intra-node", level(0.005)}, {"inter-node", level(0.020)}});
+  const json zero3 = across("zero3", 0.090, {{"inter-node", level(0.070)}});
+  const json ddp = across("ddp", 0.050, {{"inter-node", level(0.030)}});
+  const json report = make_report(env_with_blas(false), json::object(), {hsdp, zero3, ddp});
+  std::string text;
+  for (const auto& r : report["recommendations"])
+    if (r["id"] == "parallel.across-nodes") text += r["text"].get<std::string>();
+  EXPECT_NE(text.find("gpt-tiny at 4 ranks on 2 nodes: hsdp 40.00 ms per step (communication 5.00 ms within a node, "
+                      "20.00 ms across nodes); zero3 90.00 ms per step (communication 70.00 ms across nodes); ddp 50.00 ms"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("hsdp is fastest on these links"), std::string::npos) << text;
+  // One node: nothing to compare across.
+  json local = hsdp;
+  local["nodes"] = json::array({local["nodes"][0]});
+  for (const auto& r : make_report(env_with_blas(false), json::object(), {local, zero3})["recommendations"])
+    EXPECT_NE(r["id"], "parallel.across-nodes");
+}
+
 TEST(Recommendations, ParallelCellsAgainstOneProcessDdpAndTheLink) {
   auto rank_cell = [](const std::string& strategy, int world, double p50, double state, double exposed) {
     json c = cell("gpt-tiny", "32-true", p50, 1.0, 0.5);

@@ -38,34 +38,46 @@ void CommProbe::optimizer_end(const StepInfo& s) {
 }
 
 void CommProbe::collective(const CollectiveInfo& c) {
-  const auto key = std::make_pair(c.op, c.bytes);
+  const Key key{c.level, c.op, c.bytes};
   if (c.step < warmup_) {
     if (c.step < 0) {
       auto& g = setup_[key];
       ++g.count;
+      g.ranks = c.group_size;
       g.time_s += c.seconds;
     }
     return;
   }
   auto& g = groups_[key];
   ++g.count;
+  g.ranks = c.group_size;
+  if (!c.level.empty()) {
+    level_comm_[c.level] += c.seconds;
+    level_exposed_[c.level] += c.exposed_s;
+  }
   g.time_s += c.seconds;
   comm_[c.step] += c.seconds;
   exposed_[c.step] += c.exposed_s;
 }
 
 json CommProbe::section() const {
-  auto rows = [&](const std::map<std::pair<std::string, int64_t>, Group>& groups) {
+  auto rows = [&](const std::map<Key, Group>& groups) {
     json out = json::array();
     for (const auto& [key, g] : groups) {
+      const auto& [level, op, bytes] = key;
       const double t = g.time_s / static_cast<double>(g.count);
-      const double algbw = t > 0 ? static_cast<double>(key.second) / t / 1e9 : 0.0;
-      out.push_back({{"op", key.first},
-                     {"bytes", key.second},
-                     {"count", g.count},
-                     {"time_s", t},
-                     {"algbw_gbps", algbw},
-                     {"busbw_gbps", algbw * bus_factor(key.first, info_.world_size)}});
+      const double algbw = t > 0 ? static_cast<double>(bytes) / t / 1e9 : 0.0;
+      json row{{"op", op},
+               {"bytes", bytes},
+               {"count", g.count},
+               {"time_s", t},
+               {"algbw_gbps", algbw},
+               {"busbw_gbps", algbw * bus_factor(op, g.ranks)}};
+      if (!level.empty()) {
+        row["level"] = level;
+        row["group_size"] = g.ranks;
+      }
+      out.push_back(row);
     }
     return out;
   };
@@ -81,6 +93,13 @@ json CommProbe::section() const {
          {"steps", comm_.size()},
          {"comm_time_s", comm / steps},
          {"exposed_comm_time_s", exposed / steps}};
+  // Per level (hsdp's groups; a world that spans hosts is inter-node): time per measured step.
+  if (!level_comm_.empty()) {
+    json levels = json::object();
+    for (const auto& [level, t] : level_comm_)
+      levels[level] = {{"comm_time_s", t / steps}, {"exposed_comm_time_s", level_exposed_.at(level) / steps}};
+    j["levels"] = levels;
+  }
   // overlap = 1 - exposed / total; with no communication there is nothing to overlap.
   j["overlap"] = comm > 0 ? json(1.0 - exposed / comm) : json(nullptr);
   j["exposed_fraction_of_step"] = wall > 0 ? json(exposed / wall) : json(nullptr);

@@ -1,9 +1,11 @@
 #pragma once
 // Communication probe: every collective the parallel layer ran, grouped by operation and size, with
 // nccl-tests' algbw and busbw (DESIGN.md), and per measured step the communication time, the part
-// the step waited on (exposed) and the overlap fraction.
+// the step waited on (exposed) and the overlap fraction. hsdp's collectives run on sub-groups: their
+// rows name the level (intra-node / inter-node) and take busbw's factor from the group's size.
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -26,14 +28,16 @@ class CommProbe : public Probe {
 
  private:
   struct Group {
-    int64_t count = 0;
+    int64_t count = 0, ranks = 1;
     double time_s = 0;
   };
+  using Key = std::tuple<std::string, std::string, int64_t>;  // (level, op, bytes)
   RunInfo info_;
   int64_t warmup_ = 0;
-  std::map<std::pair<std::string, int64_t>, Group> groups_;  // (op, bytes), measured steps
-  std::map<std::pair<std::string, int64_t>, Group> setup_;   // outside steps: initial broadcast, final gather
+  std::map<Key, Group> groups_;  // measured steps
+  std::map<Key, Group> setup_;   // outside steps: initial broadcast, final gather
   std::map<int64_t, double> comm_, exposed_;                  // per measured step
+  std::map<std::string, double> level_comm_, level_exposed_;  // per level, measured steps
   std::vector<double> step_wall_;
   double step_start_ = 0;
 };

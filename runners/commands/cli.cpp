@@ -258,7 +258,7 @@ int cli_main(int argc, char** argv) {
 
   ParityOptions parity;
   parity.run.suite = "parity";
-  parity.run.nproc = 2;
+  parity.run.nproc = 4;  // the hsdp row: two shard groups of two ranks
   std::vector<std::string> parity_sets;
   auto* parity_cmd = app.add_subcommand(
       "parity", "Run a suite (default: parity), then PyTorch's own DDP, FSDP2, ZeRO, checkpointing, GradScaler and "
@@ -297,7 +297,9 @@ int cli_main(int argc, char** argv) {
   plan_cmd->add_option("--memory-headroom", plan.headroom, "device memory kept free (context, workspaces, fragmentation)")->capture_default_str();
   plan_cmd->add_option("--set", plan_sets, "fix an axis (precision, parallel, checkpoint, attention, batch_size) or a model dimension: --set key=value");
   plan_cmd->add_option("--out", plan.out, "also write plan.json, plan.md and plan.html into this folder");
-  plan_cmd->add_option("--hardware", plan.hardware, "results folder of `trainscope run --suite hardware` on the device: its measured GEMM, memory and collective figures");
+  plan_cmd->add_option("--hardware", plan.hardware,
+                       "results folder of `trainscope run --suite hardware` on the device: its measured GEMM, memory and "
+                       "collective figures (repeatable: a collectives cell run across the cluster's nodes adds the two levels)");
   plan_cmd->add_option("--format", plan.format, "text | md | json")->check(CLI::IsMember({"text", "md", "json"}));
 
   AbArgs ab;

@@ -62,17 +62,30 @@ void write_file(const fs::path& path, const std::string& text) {
   if (!f) throw std::runtime_error("plan: cannot write " + path.string());
 }
 
+// The hardware reports as one: every cell of each (the first one's environment), and their paths.
+json read_hardware(const std::vector<std::string>& paths) {
+  json merged;
+  std::string source;
+  for (const auto& path : paths) {
+    const json r = reports::read_report(path);
+    if (merged.is_null()) {
+      merged = r;
+    } else {
+      for (const auto& c : r.value("cells", json::array())) merged["cells"].push_back(c);
+    }
+    source += (source.empty() ? "" : " + ") + path;
+  }
+  if (!merged.is_null()) merged["source"] = source;
+  return merged;
+}
+
 }  // namespace
 
 int plan_command(const PlanArgs& a) {
   if (a.into_report && a.check.empty()) throw UsageError("plan: --into-report needs --check DIR (the results folder whose report takes the comparison)");
   if (!a.check.empty()) {
     const json report = reports::read_report(a.check);
-    json hardware;
-    if (!a.hardware.empty()) {
-      hardware = reports::read_report(a.hardware);
-      hardware["source"] = a.hardware;
-    }
+    const json hardware = read_hardware(a.hardware);
     const json check = plan::check_report(report, hardware);
     if (a.format == "json") std::cout << check.dump(2) << "\n";
     else std::cout << plan::render_check(check);
@@ -82,7 +95,7 @@ int plan_command(const PlanArgs& a) {
       if (folder.empty()) folder = ".";
       const FolderLock lock(folder);
       json r = report;
-      r["plan_check"] = {{"hardware", a.hardware.empty() ? json() : json(a.hardware)}, {"summary", check.value("summary", json())},
+      r["plan_check"] = {{"hardware", a.hardware.empty() ? json() : hardware["source"]}, {"summary", check.value("summary", json())},
                          {"frontier", check.value("frontier", json::array())}};
       for (auto& cell : r["cells"])
         for (const auto& row : check.value("cells", json::array()))
@@ -123,8 +136,8 @@ int plan_command(const PlanArgs& a) {
   const RunConfig c = RunConfig::from_json(probe);
   r.model = resolve_model(c);
   if (!a.hardware.empty()) {
-    json hw = reports::read_report(a.hardware);
-    r.device = plan::measured_profile(hw, a.hardware);
+    const json hw = read_hardware(a.hardware);
+    r.device = plan::measured_profile(hw, hw["source"]);
   } else {
     r.device = plan::datasheet_profile(a.device);
   }

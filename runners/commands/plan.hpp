@@ -9,7 +9,9 @@ struct PlanArgs {
   std::string model = "llama3-8b";
   int64_t gpus_per_node = 8, nodes = 1;
   std::string device = "H100-SXM";
-  std::string hardware;             // a results folder (or report.json) of `run --suite hardware`
+  // Results folders (or report.json files) of `run --suite hardware`: one, or several whose cells add
+  // up (this machine's GEMM and memory cells, and the collectives cell run on the cluster's nodes).
+  std::vector<std::string> hardware;
   int64_t seq = 0;                  // 0: the model's
   std::string global_batch;         // tokens per optimizer step (e.g. 1M, 4194304); empty: the plan's default
   std::string headroom = "10%";

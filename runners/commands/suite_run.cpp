@@ -437,14 +437,25 @@ int run_suite(const RunOptions& o) {
   std::optional<FolderLock> lock;
   if (writer) lock.emplace(out);
   if (external) std::printf("%s\n", external->describe().c_str());
-  const std::string restart = [] {
-    const char* r = std::getenv("TORCHELASTIC_RESTART_COUNT");
-    return std::string(r ? r : "0");
-  }();
+  // Which incarnation of the ranks this is: torchrun's elastic agent restarts every rank after a
+  // failure, on the same agent store, where the old incarnation's Gloo addresses are still written.
+  // TORCHELASTIC_RESTART_COUNT cannot name a fresh key space (it is per agent: an agent restarted by
+  // another's failure keeps 0), but each restart respawns every rank once, so a counter per rank agrees
+  // across ranks; its value prefixes the cells' keys.
+  int64_t incarnation = 1;
+  if (external && external->source == "torchrun") {
+    try {
+      incarnation = store.add("trainscope/incarnation/" + std::to_string(external->rank), 1);
+    } catch (const std::exception&) {
+      // No store (a port taken, rank 0 unreachable): each multi-rank cell fails on it and says why.
+    }
+  }
+  const std::string restart = std::to_string(incarnation);
 
   json env = probes::collect_env();
   if (external)  // which launcher started the ranks: the report names it beside the nodes they ran on
-    env["launch"] = {{"source", external->source}, {"world_size", external->world_size}, {"local_world_size", external->local_world_size}};
+    env["launch"] = {{"source", external->source}, {"world_size", external->world_size}, {"local_world_size", external->local_world_size},
+                     {"restarts", incarnation - 1}};
   for (const auto& w : env["warnings"]) std::fprintf(stderr, "warning: %s\n", w.get<std::string>().c_str());
   const json suite_json = suites::suite_to_json(suite);
   const std::string report_path = out + "/report.json";
@@ -453,6 +464,8 @@ int run_suite(const RunOptions& o) {
   std::fflush(stdout);
 
   std::vector<json> results;
+  bool own_failure = false;  // a cell this rank's process ran failed or timed out
+  const std::string written_key = "trainscope/" + restart + "/report-written";
   const auto start = std::chrono::steady_clock::now();
   double ran_s = 0;
   int ran = 0;
@@ -485,6 +498,8 @@ int run_suite(const RunOptions& o) {
               "trainscope/" + restart + "/cell" + std::to_string(i) + "/rep" + std::to_string(rep) + "/";
           try {
             run = run_ranks(c.name, config, device, rstem, c.config.timeout_s, launch, store, prefix);
+            // Ran by ranks torchrun restarted after a failure: the cell says how many times.
+            if (incarnation > 1) run["launch_restarts"] = incarnation - 1;
           } catch (const std::exception& e) {
             // The rendezvous itself failed (a port taken, rank 0 unreachable): this cell says so, the
             // report keeps it and the suite goes on.
@@ -496,6 +511,8 @@ int run_suite(const RunOptions& o) {
           run = run_isolated(c.name, config, device, rstem, c.config.timeout_s);
         }
         runs.push_back(run);
+        const std::string status = run.value("status", "");
+        own_failure = own_failure || status == "failed" || status == "timeout";
         if (suite.repeat > 1) {
           std::printf("%s%s", rep == 0 ? "" : " ", run.value("status", "?").c_str());
           std::fflush(stdout);
@@ -530,7 +547,16 @@ int run_suite(const RunOptions& o) {
   }
   if (!writer) {
     std::printf("rank %d: done; rank 0 writes the report\n", launch.rank);
-    return interrupted() ? 130 : 0;
+    if (interrupted()) return 130;
+    if (!own_failure) return 0;
+    // A failed cell fails this rank too, so that the launcher sees it (torchrun restarts the ranks only
+    // when one of them fails), but only once rank 0 has written the report: srun -K1 and torchrun stop
+    // every rank when one exits non-zero, and rank 0 must not be stopped mid-write.
+    try {
+      store.get(written_key, 120);
+    } catch (const std::exception&) {
+    }
+    return 1;
   }
 
   json frontier;
@@ -545,6 +571,12 @@ int run_suite(const RunOptions& o) {
   const json report = reports::make_report(env, suite_json, results, frontier);
   reports::write_json_atomic(report_path, report);
   reports::write_renderings(report, out);  // report.md and report.html beside it
+  if (external) {
+    try {
+      store.set(written_key, "1");  // the other ranks may now exit, failed ones with 1
+    } catch (const std::exception&) {
+    }
+  }
   const std::string summary = reports::render_summary(report);
   std::printf("\n%s\nreport: %s\n", summary.c_str(), report_path.c_str());
   if (interrupted()) {

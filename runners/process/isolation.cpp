@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -49,6 +50,7 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path) {
   args.push_back(nullptr);
   const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   if (log < 0) throw std::runtime_error("cannot open " + log_path);
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
     ::close(log);
@@ -56,6 +58,10 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path) {
   }
   if (pid == 0) {
     setpgid(0, 0);  // own process group: a timeout kills the cell and anything it started
+    // A cell dies with the process that started it (a launcher's worker killed, a node lost): left
+    // alone in its own group it would sit in a collective until its timeout.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(137);  // the parent was gone before the line above
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     dup2(log, STDOUT_FILENO);

@@ -5,12 +5,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "runners/process/isolation.hpp"
 
 #include "core/errors.hpp"
 
@@ -208,13 +211,33 @@ void RendezvousStore::set(const std::string& key, const std::string& value) {
 
 std::string RendezvousStore::get(const std::string& key, double timeout_s) {
   open();
-  try {
-    store_->wait({key}, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
-  } catch (const std::exception&) {
-    throw std::runtime_error("no '" + key + "' in the rendezvous store after " + std::to_string(static_cast<int>(timeout_s)) + " s");
+  // In slices of at most a second, so that a SIGTERM (a launcher stopping its workers: torchrun gives
+  // them 30 s before SIGKILL) ends the wait at once instead of after the whole timeout.
+  const auto start = std::chrono::steady_clock::now();
+  auto waited = [&start] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  for (;;) {
+    const double slice = std::min(1.0, std::max(0.001, timeout_s - waited()));
+    const auto tried = std::chrono::steady_clock::now();
+    try {
+      store_->wait({key}, std::chrono::milliseconds(static_cast<int64_t>(slice * 1000)));
+      break;
+    } catch (const std::exception& e) {
+      const bool early = std::chrono::duration<double>(std::chrono::steady_clock::now() - tried).count() < slice / 2;
+      if (early || waited() >= timeout_s) {  // the store is gone, or the time is up
+        const std::string what = e.what();
+        throw std::runtime_error("no '" + key + "' in the rendezvous store after " + std::to_string(static_cast<int>(waited())) +
+                                 " s" + (early ? ": " + what.substr(0, what.find('\n')) : ""));
+      }
+      if (interrupted()) throw std::runtime_error("interrupted while waiting for '" + key + "' in the rendezvous store");
+    }
   }
   const std::vector<uint8_t> v = store_->get(key);
   return std::string(v.begin(), v.end());
+}
+
+int64_t RendezvousStore::add(const std::string& key, int64_t delta) {
+  open();
+  return store_->add(key, delta);
 }
 
 }  // namespace trainscope::runners

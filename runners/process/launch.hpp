@@ -57,6 +57,8 @@ class RendezvousStore {
   void set(const std::string& key, const std::string& value);
   // Waits up to timeout_s for the key; throws naming it when it does not come.
   std::string get(const std::string& key, double timeout_s);
+  // Adds delta to the counter at key (0 when new) and returns its new value.
+  int64_t add(const std::string& key, int64_t delta);
 
  private:
   void open();

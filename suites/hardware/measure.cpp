@@ -409,23 +409,10 @@ double busbw_factor(const std::string& op, double n) { return op == "all-reduce"
 // host clock, algbw, busbw by nccl-tests' factors); null when the ranks do not span 2 hosts or more
 // with as many ranks on each.
 json collective_levels(Communicator& comm, const std::string& device, int warmup, int iterations) {
-  const int world = comm.world_size(), me = comm.rank();
-  char name[256] = {0};
-  gethostname(name, sizeof name - 1);
-  comm.store_set("levels/host/" + std::to_string(me), name);
-  std::vector<std::string> hosts;
-  for (int r = 0; r < world; ++r) hosts.push_back(comm.store_get("levels/host/" + std::to_string(r)));
-  std::vector<std::vector<int>> nodes;  // ranks per host, hosts in order of their first rank
+  const int me = comm.rank();
+  const std::vector<std::vector<int>> nodes = comm.ranks_by_host();
   std::vector<std::string> names;
-  for (int r = 0; r < world; ++r) {
-    const auto at = std::find(names.begin(), names.end(), hosts[r]);
-    if (at == names.end()) {
-      names.push_back(hosts[r]);
-      nodes.push_back({r});
-    } else {
-      nodes[at - names.begin()].push_back(r);
-    }
-  }
+  for (const auto& n : nodes) names.push_back(comm.store_get("hosts/" + std::to_string(n.front())));
   const size_t per = nodes[0].size();
   if (nodes.size() < 2 || std::any_of(nodes.begin(), nodes.end(), [per](const auto& n) { return n.size() != per; })) return nullptr;
   size_t my_node = 0, my_index = 0;

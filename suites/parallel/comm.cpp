@@ -66,6 +66,8 @@ Communicator::Communicator(const Rendezvous& rv, const std::string& backend, con
   // Gloo's native flat all-gather and reduce-scatter measured 1.3-3x slower than the emulation from
   // 4 MiB up (2 ranks, LibTorch 2.11; smaller sizes within the noise): emulated on Gloo, native on NCCL.
   native_flat_ = backend_ == "nccl";
+  // Ranks on other hosts: every collective of the world crosses the link between nodes.
+  if (rv.spans_hosts) level_ = "inter-node";
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<std::uint16_t>(rv.port);
@@ -162,7 +164,7 @@ void Communicator::timed(const std::string& op, int64_t bytes, const std::functi
   const double device = device_clock_ && !waited_.empty() ? device_seconds(waited_) : -1;
   waited_.clear();
   const double seconds = device >= 0 ? device : dt;
-  if (record) report(CollectiveInfo{op, bytes, world_, seconds, seconds, step_});
+  if (record) report(CollectiveInfo{op, bytes, world_, seconds, seconds, step()});
 }
 
 void Communicator::report_after(CollectiveInfo c, std::vector<c10::intrusive_ptr<c10d::Work>> works) {
@@ -223,7 +225,7 @@ std::shared_ptr<PendingCollective> Communicator::all_gather_async(torch::Tensor&
   p->comm_ = this;
   p->op_ = "all-gather";
   p->bytes_ = full.numel() * static_cast<int64_t>(full.element_size());
-  p->step_ = step_;
+  p->step_ = step();
   p->launched_ = now_s();
   if (native_flat_) {
     torch::Tensor in = shard;
@@ -304,7 +306,27 @@ void Communicator::broadcast(std::vector<torch::Tensor> tensors, int root) {
 
 void Communicator::barrier() { pg_->barrier()->wait(); }
 
-std::unique_ptr<Communicator> Communicator::split(const std::vector<int>& ranks, const std::string& tag) const {
+std::vector<std::vector<int>> Communicator::ranks_by_host() {
+  char name[256] = {0};
+  gethostname(name, sizeof name - 1);
+  store_set("hosts/" + std::to_string(rank_), name);
+  std::vector<std::string> names;
+  std::vector<std::vector<int>> nodes;
+  for (int r = 0; r < world_; ++r) {
+    const std::string host = store_get("hosts/" + std::to_string(r));
+    const auto at = std::find(names.begin(), names.end(), host);
+    if (at == names.end()) {
+      names.push_back(host);
+      nodes.push_back({r});
+    } else {
+      nodes[at - names.begin()].push_back(r);
+    }
+  }
+  return nodes;
+}
+
+std::unique_ptr<Communicator> Communicator::split(const std::vector<int>& ranks, const std::string& tag,
+                                                 const std::string& level) const {
   const auto me = std::find(ranks.begin(), ranks.end(), rank_);
   if (me == ranks.end()) throw std::logic_error("split: rank " + std::to_string(rank_) + " is not in group " + tag);
   Rendezvous r = rv_;
@@ -313,6 +335,10 @@ std::unique_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,
   r.world_size = static_cast<int>(ranks.size());
   auto sub = std::make_unique<Communicator>(r, backend_, device_, timeout_s_);
   sub->set_native_flat_collectives(native_flat_);
+  if (!level.empty()) {
+    sub->parent_ = this;
+    sub->level_ = level;
+  }
   return sub;
 }
 

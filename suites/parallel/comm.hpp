@@ -73,9 +73,11 @@ class Communicator {
   // Every collective is reported here with its duration (the communication probe listens).
   void set_observer(std::function<void(const CollectiveInfo&)> f) { observer_ = std::move(f); }
   void set_step(int64_t step) { step_ = step; }
-  int64_t step() const { return step_; }
-  void report(const CollectiveInfo& c) const {
-    if (observer_) observer_(c);
+  int64_t step() const { return parent_ ? parent_->step() : step_; }
+  void report(CollectiveInfo c) const {
+    if (c.level.empty()) c.level = level_;
+    if (parent_) parent_->report(std::move(c));
+    else if (observer_) observer_(c);
   }
 
   // Whether durations come from a device clock (NCCL's CUDA events) rather than the host's.
@@ -105,8 +107,14 @@ class Communicator {
 
   // A communicator over some of the world's ranks (`ranks`, world ranks in order; this one among them)
   // on the same store under a prefix of its own: every rank in `ranks` calls it with the same list and
-  // tag (the collectives cell's per-node and cross-node groups).
-  std::unique_ptr<Communicator> split(const std::vector<int>& ranks, const std::string& tag) const;
+  // tag (the collectives cell's per-node and cross-node groups). With a `level`, its collectives go to
+  // this communicator's observer marked with it, at this one's step (hsdp's groups, seen by the probe).
+  std::unique_ptr<Communicator> split(const std::vector<int>& ranks, const std::string& tag,
+                                      const std::string& level = "") const;
+
+  // The world's ranks grouped by host (each host's ranks in order, hosts in order of their first
+  // rank), from every rank's host name through the store; a collective every rank must call.
+  std::vector<std::vector<int>> ranks_by_host();
 
   // Small key-value exchange through the store (results, fingerprints); get waits up to the timeout.
   void store_set(const std::string& key, const std::string& value);
@@ -119,6 +127,8 @@ class Communicator {
   void timed(const std::string& op, int64_t bytes, const std::function<void()>& body, bool record = true);
 
   Rendezvous rv_;
+  const Communicator* parent_ = nullptr;  // a split group reporting through its parent
+  std::string level_;
   double timeout_s_ = 0;
   int rank_ = 0, world_ = 1;
   std::string backend_;

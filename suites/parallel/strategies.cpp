@@ -457,7 +457,8 @@ class Zero12 : public ParallelStrategy {
 struct Unit : torch::CustomClassHolder {
   FlatParams fp;
   torch::Tensor shard;  // this rank's slice: a leaf the optimizer owns (its own memory)
-  Communicator* comm = nullptr;
+  Communicator* comm = nullptr;       // the group the unit is sharded over (zero3: the world)
+  Communicator* replicas = nullptr;   // hsdp: the same slice on the other shard groups (else null)
 
   std::shared_ptr<PendingCollective> pending;  // a prefetch in flight
 
@@ -495,9 +496,15 @@ struct Unit : torch::CustomClassHolder {
     }
     fp.grad.narrow(0, off, fp.grad.numel() - off).zero_();
     torch::Tensor out = torch::empty({fp.shard}, fp.flat.options());
-    comm->reduce_scatter(out, fp.grad, /*average=*/true);
+    reduce_scatter_grad(out);
     release_storage(fp.grad);
     return out;
+  }
+  // out <- this rank's slice of fp.grad averaged over every rank: over the shard group, then (hsdp)
+  // over the replicas, so that the mean is over the world as for zero3.
+  void reduce_scatter_grad(torch::Tensor& out) {
+    comm->reduce_scatter(out, fp.grad, /*average=*/true);
+    if (replicas) replicas->all_reduce(out, /*average=*/true);
   }
 };
 
@@ -547,14 +554,24 @@ struct Zero3BlockFunction : public torch::autograd::Function<Zero3BlockFunction>
   }
 };
 
+// zero3 shards every unit over the world. hsdp (hybrid sharding: FSDP's HYBRID_SHARD, FSDP2 on a 2-D
+// mesh, DeepSpeed ZeRO++'s hpZ) shards it over a group of shard_size ranks (0: the ranks of one
+// node) and keeps one copy per group: a unit's gradients are reduce-scattered within the group, then
+// each slice all-reduced with the same slice of the other groups. The gathers stay on the fast
+// links inside a node; across nodes only the gradient slices travel, Ψ/shard_size per rank per step.
 class Zero3 : public ParallelStrategy {
  public:
-  Zero3(Communicator* comm, bool prefetch) : ParallelStrategy(comm), prefetch_(prefetch) {}
+  Zero3(Communicator* comm, bool prefetch, bool hybrid = false, int64_t shard_size = 0)
+      : ParallelStrategy(comm), prefetch_(prefetch), hybrid_(hybrid), shard_size_(shard_size) {}
   bool sliced_gradients() const override { return true; }
+  Communicator* gradient_group() const override { return shard_comm_; }
+  int64_t sharding_degree() const override { return shard_comm_ ? shard_comm_->world_size() : 1; }
 
   std::vector<torch::Tensor> setup(ReferenceModel& model, bool broadcast) override {
     model_ = &model;
-    const int world = comm_->world_size(), rank = comm_->rank();
+    shard_comm_ = comm_;
+    if (hybrid_) form_groups();
+    const int world = shard_comm_->world_size(), rank = shard_comm_->rank();
     std::set<const void*> in_blocks;
     for (torch::nn::Module* b : model.blocks()) {
       auto u = c10::make_intrusive<Unit>();
@@ -569,7 +586,8 @@ class Zero3 : public ParallelStrategy {
     root_->fp.build(rest, world);
     std::vector<torch::Tensor> owned;
     for (auto* u : all_units()) {
-      u->comm = comm_;
+      u->comm = shard_comm_;
+      u->replicas = replica_comm_.get();
       if (broadcast) {
         torch::NoGradGuard no_grad;
         comm_->broadcast({u->fp.flat}, 0);
@@ -609,7 +627,7 @@ class Zero3 : public ParallelStrategy {
     // Block gradients were reduce-scattered during backward; the root's now.
     torch::NoGradGuard no_grad;
     torch::Tensor g = root_->shard.mutable_grad();
-    comm_->reduce_scatter(g, root_->fp.grad, /*average=*/true);
+    root_->reduce_scatter_grad(g);
     release_storage(root_->fp.grad);
     root_->release();
   }
@@ -659,7 +677,52 @@ class Zero3 : public ParallelStrategy {
     out.push_back(root_.get());
     return out;
   }
-  bool prefetch_;
+  // hsdp's two groups for this rank: its shard group (a node's ranks, or shard_size consecutive
+  // ranks) and its replica group (the ranks at the same place in the other shard groups). Each is
+  // named by the links it crosses: intra-node when all its ranks share a host.
+  void form_groups() {
+    const int world = comm_->world_size(), me = comm_->rank();
+    const std::vector<std::vector<int>> hosts = comm_->ranks_by_host();
+    std::vector<std::vector<int>> shards;
+    if (shard_size_ == 0) {
+      for (const auto& h : hosts)
+        if (h.size() != hosts.front().size())
+          throw UsageError("hsdp shards over one node's ranks, but the nodes hold " + std::to_string(hosts.front().size()) +
+                           " and " + std::to_string(h.size()) + " ranks: set hsdp_shard_size");
+      shards = hosts;
+    } else {
+      if (world % shard_size_ != 0)
+        throw UsageError("hsdp_shard_size " + std::to_string(shard_size_) + " does not divide the " +
+                         std::to_string(world) + " ranks");
+      for (int first = 0; first < world; first += static_cast<int>(shard_size_)) {
+        shards.emplace_back();
+        for (int r = first; r < first + shard_size_; ++r) shards.back().push_back(r);
+      }
+    }
+    std::vector<int> host_of(world);
+    for (size_t h = 0; h < hosts.size(); ++h)
+      for (int r : hosts[h]) host_of[r] = static_cast<int>(h);
+    auto level = [&](const std::vector<int>& g) {
+      for (int r : g)
+        if (host_of[r] != host_of[g.front()]) return "inter-node";
+      return "intra-node";
+    };
+    size_t my_group = 0, my_index = 0;
+    for (size_t g = 0; g < shards.size(); ++g)
+      for (size_t i = 0; i < shards[g].size(); ++i)
+        if (shards[g][i] == me) my_group = g, my_index = i;
+    std::vector<int> replicas;
+    for (const auto& g : shards) replicas.push_back(g[my_index]);
+    shard_owned_ = comm_->split(shards[my_group], "hsdp-shard" + std::to_string(my_group), level(shards[my_group]));
+    shard_comm_ = shard_owned_.get();
+    if (replicas.size() > 1)
+      replica_comm_ = comm_->split(replicas, "hsdp-replica" + std::to_string(my_index), level(replicas));
+  }
+
+  bool prefetch_, hybrid_;
+  int64_t shard_size_;
+  Communicator* shard_comm_ = nullptr;  // comm_ (zero3) or shard_owned_ (hsdp)
+  std::unique_ptr<Communicator> shard_owned_, replica_comm_;
   std::vector<c10::intrusive_ptr<Unit>> units_;
   c10::intrusive_ptr<Unit> root_;
 };
@@ -760,7 +823,7 @@ void ParallelStrategy::clip_grad_norm(const std::vector<torch::Tensor>& opt_para
   torch::Tensor sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat));
   for (const auto& p : opt_params)
     if (p.grad().defined()) sq += p.grad().to(torch::kFloat).pow(2).sum().cpu();
-  if (sliced_gradients()) comm_->all_reduce(sq, /*average=*/false);
+  if (sliced_gradients()) gradient_group()->all_reduce(sq, /*average=*/false);
   const double norm = std::sqrt(sq.item<double>());
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1)
@@ -779,7 +842,7 @@ ExpectedModelState expected_model_state(const std::string& strategy, int64_t psi
   } else if (strategy == "zero2") {
     bytes = P * x + (P + K) * x / n;
     e.formula = p + "Ψ + (" + p + "+" + k + ")Ψ/N";
-  } else if (strategy == "zero3") {
+  } else if (strategy == "zero3" || strategy == "hsdp") {  // hsdp: N is the shard group's size
     bytes = (2.0 * P + K) * x / n;
     e.formula = "(" + p + "+" + p + "+" + k + ")Ψ/N";
   } else {
@@ -791,13 +854,14 @@ ExpectedModelState expected_model_state(const std::string& strategy, int64_t psi
 }
 
 std::unique_ptr<ParallelStrategy> make_strategy(const std::string& name, Communicator* comm, double bucket_mb,
-                                                bool prefetch) {
+                                                bool prefetch, int64_t hsdp_shard_size) {
   if (name == "single") return std::make_unique<Single>();
   if (!comm) throw UsageError("parallel strategy '" + name + "' needs a process group");
   if (name == "ddp") return std::make_unique<Ddp>(comm, bucket_mb);
   if (name == "zero1") return std::make_unique<Zero12>(comm, 1, bucket_mb);
   if (name == "zero2") return std::make_unique<Zero12>(comm, 2, bucket_mb);
   if (name == "zero3") return std::make_unique<Zero3>(comm, prefetch);
+  if (name == "hsdp") return std::make_unique<Zero3>(comm, prefetch, /*hybrid=*/true, hsdp_shard_size);
   throw UsageError("unknown parallel strategy '" + name + "'");
 }
 

@@ -11,6 +11,8 @@
 //          gradients reduce-scattered as soon as its backward is done. With `prefetch` the next block's
 //          gather runs while the current block computes (FSDP's forward and backward prefetch). Parameters outside blocks
 //          (embeddings, head, stem) form a root unit gathered for the whole step.
+//   hsdp   hybrid sharding: zero3 within a shard group (a node's ranks by default), each gradient
+//          slice then all-reduced across the groups; one full copy of the model state per group.
 // Every strategy averages gradients over ranks, so K steps on N ranks equal K steps of one process on
 // the concatenated global batch (BatchNorm statistics aside: they stay per rank, as in DDP).
 #include <memory>
@@ -50,12 +52,17 @@ class ParallelStrategy {
   // Global gradient-norm clipping over the optimizer's tensors (all ranks agree on the norm).
   virtual void clip_grad_norm(const std::vector<torch::Tensor>& opt_params, double max_norm);
   Communicator* comm() const { return comm_; }
+  // The number of ranks one copy of the model state is spread over (zero3: the world; hsdp: a shard
+  // group); the N of the ZeRO paper's formulas.
+  virtual int64_t sharding_degree() const { return comm_ ? comm_->world_size() : 1; }
 
  protected:
   explicit ParallelStrategy(Communicator* comm) : comm_(comm) {}
   // Whether each rank's optimizer sees only a slice of the gradients (zero), so that a global norm
   // needs the ranks' sums; ddp's ranks all hold the whole averaged gradient.
   virtual bool sliced_gradients() const { return false; }
+  // The ranks whose gradient slices together make one whole gradient (the global norm's sum).
+  virtual Communicator* gradient_group() const { return comm_; }
   // This rank's full parameters as one flat fp32 copy (zero3 gathers them).
   virtual torch::Tensor full_parameters();
   Communicator* comm_;  // null for single
@@ -64,16 +71,17 @@ class ParallelStrategy {
 
 // The ZeRO paper's per-rank model-state bytes: Ψ parameters, P bytes per parameter and per gradient,
 // K bytes of optimizer state per parameter, N ranks. ddp/single (2P+K)Ψ, zero1 2PΨ + KΨ/N,
-// zero2 PΨ + (P+K)Ψ/N, zero3 (2P+K)Ψ/N. (With fp16 parameters and fp32 masters: P=2, K=12.)
+// zero2 PΨ + (P+K)Ψ/N, zero3 (2P+K)Ψ/N; hsdp as zero3 with N the shard group's size. (With fp16 parameters and fp32 masters: P=2, K=12.)
 struct ExpectedModelState {
   int64_t bytes = 0;
   std::string formula;
 };
 ExpectedModelState expected_model_state(const std::string& strategy, int64_t psi, int64_t P, int64_t K, int64_t N);
 
-// prefetch (zero3): all-gather the next block's parameters while the current block computes.
+// prefetch (zero3, hsdp): all-gather the next block's parameters while the current block computes.
+// hsdp_shard_size: ranks per shard group (0: the ranks of one node).
 std::unique_ptr<ParallelStrategy> make_strategy(const std::string& name, Communicator* comm, double bucket_mb,
-                                                bool prefetch = true);
+                                                bool prefetch = true, int64_t hsdp_shard_size = 0);
 
 // A 64-bit hash of a tensor's exact bytes, computed on its device, chained onto `seed`; for fingerprints.
 uint64_t fingerprint(const torch::Tensor& t, uint64_t seed = 1469598103934665603ULL);

@@ -538,8 +538,8 @@ std::string unsupported_method(const RunConfig& c, const ModelPreset& preset) {
   if (c.method == "supervised") return "";
   if (preset.language_model()) return c.method + " pre-trains image encoders; " + preset.name + " is a language model";
   if (c.method == "mae" && preset.family != "vit") return "mae masks patches: it needs a vit model, not " + preset.name;
-  if ((c.method == "byol" || c.method == "dino") && c.parallel == "zero3")
-    return c.method + "'s EMA teacher needs the student's full parameters after every step; zero3 holds only shards";
+  if ((c.method == "byol" || c.method == "dino") && (c.parallel == "zero3" || c.parallel == "hsdp"))
+    return c.method + "'s EMA teacher needs the student's full parameters after every step; " + c.parallel + " holds only shards";
   if (c.inject == "local-negatives" && c.method != "simclr") return "local-negatives is a simclr fault";
   if (c.inject == "teacher-drift" && c.method != "byol" && c.method != "dino") return "teacher-drift needs an EMA teacher (byol, dino)";
   return "";

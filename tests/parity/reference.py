@@ -236,6 +236,16 @@ def train(cell, dump, strategy, rank=0, world=1, accounting=None):
         for b in blocks_of(model):
             fully_shard(b, reshard_after_forward=reshard)
         fully_shard(wrapped, reshard_after_forward=reshard)
+    elif strategy == "hsdp":
+        # HSDP as FSDP2 does it: a 2-D mesh, sharded along "shard" (trainscope's shard group: consecutive
+        # ranks), replicated along "replicate"; 0 means one node's ranks, and local ranks share one node.
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        shard = int(cfg.get("hsdp_shard_size", 0)) or world
+        mesh = init_device_mesh("cpu", (world // shard, shard), mesh_dim_names=("replicate", "shard"))
+        for b in blocks_of(model):
+            fully_shard(b, mesh=mesh, reshard_after_forward=True)
+        fully_shard(wrapped, mesh=mesh, reshard_after_forward=True)
     if strategy == "zero1":
         from torch.distributed.optim import ZeroRedundancyOptimizer
         opt = ZeroRedundancyOptimizer(wrapped.parameters(), optimizer_class=torch.optim.SGD, **sgd)
@@ -391,6 +401,7 @@ REFERENCES = {
     "zero1": "DistributedDataParallel + torch.distributed.optim.ZeroRedundancyOptimizer(SGD)",
     "zero2": "FSDP2 fully_shard(reshard_after_forward=False) per block and at the root",
     "zero3": "FSDP2 fully_shard(reshard_after_forward=True) per block and at the root",
+    "hsdp": "FSDP2 fully_shard on a 2-D DeviceMesh (replicate x shard) per block and at the root",
     "checkpoint": "torch.utils.checkpoint(use_reentrant=False, preserve_rng_state=True) per checkpointed block",
     "scaler": "torch.amp.GradScaler('cpu') driven through trainscope's inf/NaN pattern",
     "bf16-mixed": "torch.autocast('cpu', dtype=torch.bfloat16)",
@@ -657,7 +668,7 @@ def row(cell, dump_path, lib):
                 checks += memory_checks(cell, runs, kind)
             if kind in ("checkpoint", "single"):
                 checks.append(activation_check(cell, runs[0]))
-        if kind in ("zero2", "zero3"):
+        if kind in ("zero2", "zero3", "hsdp"):
             checks += comm_checks(cell, runs[0], kind)
         if runs[0].get("attempts", 1) > 1:
             out["reference_attempts"] = runs[0]["attempts"]
@@ -748,7 +759,7 @@ def comm_checks(cell, run, kind):
     for op in sorted(set(ours) | set(theirs)):
         a, b = ours.get(op, 0), theirs.get(op, 0)
         design = None
-        if kind == "zero3" and op == "all-gather" and b - a == root:
+        if kind in ("zero3", "hsdp") and op == "all-gather" and b - a == root:
             design = (f"{root} B per step, the root unit's parameters: FSDP2 reshards the root after forward and "
                       "gathers it again for backward; trainscope's zero3 keeps it gathered until backward ends")
         checks.append(value_check(f"{op} bytes per step (rank 0)", a, b, design=design))

@@ -9,6 +9,7 @@
 #    and the report compares the three on these links;
 #  - torchrun's elastic restart (c10d rendezvous, --max-restarts 1): a worker killed mid-step, the
 #    restarted ranks form their group on a fresh key space and the cell records the restart;
+#  - `plan --check` predicts the 2-node cells with the link the collectives cell measured;
 #  - the collectives cell's two levels on 2 x 2 ranks, the nodes joined by the user-space switch at
 #    1 Gbit/s with a 1 ms delay: a 4 MiB all-reduce across the nodes (the groups {0, 2} and {1, 3} at
 #    once) takes at least the time the link's rate allows one of them (4 MiB each way: 34 ms; 10%
@@ -33,7 +34,10 @@ launchers="torchrun mpirun sbatch"
 phase_start=$(date +%s)
 phase() { echo "$1: $(( $(date +%s) - phase_start )) s"; phase_start=$(date +%s); }
 for l in $launchers; do
-  OUT="$tmp/$l" FILTER="$cells" tests/multinode/run.sh "$l" --set steps=8 > "$tmp/$l.log" 2>&1 ||
+  # torchrun's cluster is linked as the collectives cell's below (1 Gbit/s, 1 ms), for the plan check.
+  link=()
+  [ "$l" = torchrun ] && link=(RATE=1gbit DELAY=1ms)
+  env "${link[@]}" OUT="$tmp/$l" FILTER="$cells" tests/multinode/run.sh "$l" --set steps=8 > "$tmp/$l.log" 2>&1 ||
     { cat "$tmp/$l.log"; fail "the 2-node $l launch failed"; }
   phase "$l (3 cells)"
 done
@@ -45,6 +49,13 @@ phase "the same cells on 4 local ranks"
 OUT="$tmp/levels" SUITE=hardware FILTER=collectives RATE=1gbit DELAY=1ms tests/multinode/run.sh torchrun --set world_size=4 \
   --set steps=2 --set warmup_steps=1 > "$tmp/levels.log" 2>&1 || { cat "$tmp/levels.log"; fail "the collectives cell on 2 nodes failed"; }
 phase "collectives levels"
+# The planner on the 2-node cells: this machine's GEMM, memory and copy rates, and the two levels the
+# collectives cell measured on the cluster; each cell predicted for 2 nodes x 2 ranks.
+timeout -k 5 120 "$ts" run --suite hardware --filter 'gemm-peak|memory-bandwidth|copy-bandwidth' --out "$tmp/hardware" \
+  > "$tmp/hardware.log" 2>&1 || { cat "$tmp/hardware.log"; fail "the hardware cells failed"; }
+"$ts" plan --check "$tmp/torchrun" --hardware "$tmp/hardware" --hardware "$tmp/levels" --format json > "$tmp/plan.json" \
+  2> "$tmp/plan.log" || { cat "$tmp/plan.log"; fail "plan --check on the 2-node cells failed"; }
+phase "plan --check of the 2-node cells"
 
 # The RNG probe across nodes: the pitfalls suite's injected faults (one data seed for all, weights not
 # broadcast) on 2 x 2 ranks, caught as on local ranks.
@@ -159,6 +170,21 @@ if lost["status"] != "failed" or not lost.get("reason", "").startswith("node nod
     errors.append(f"lost node: {lost['status']}: {lost.get('reason')}")
 if lost.get("lost_nodes") != [{"host": "node1", "ranks": [2, 3]}]:
     errors.append(f"lost node: lost_nodes {lost.get('lost_nodes')}")
+
+# The plan of the 2-node cells: memory as on one node (the issue's worst-case target, 10%), the model
+# state exact, and hsdp's gradient slices predicted across the nodes.
+plan = json.load(open(f"{tmp}/plan.json"))
+rows = {r["cell"]: r for r in plan["cells"]}
+for name in ("mlp/ddp/ws4", "gpt-tiny/zero3/ws4", "gpt-tiny/hsdp/ws4"):
+    r = rows.get(name, {})
+    if r.get("nodes") != 2 or r.get("model_state_error") != 0 or abs(r.get("peak_error", 1)) > 0.10:
+        errors.append(f"plan --check {name}: {json.dumps(r)[:300]}")
+levels_of = {c["op"]: c.get("level") for c in rows.get("gpt-tiny/hsdp/ws4", {}).get("predicted", {}).get("time", {}).get("collectives", [])}
+if levels_of.get("all-reduce") != "inter-node":
+    errors.append(f"plan --check: hsdp's predicted collectives {levels_of}")
+summary = plan.get("summary", {})
+print("plan --check on 2 nodes: " + "; ".join(f"{k} median {v.get('median_abs', 0) * 100:.1f}% worst {v.get('worst_abs', 0) * 100:.1f}%"
+                                             for k, v in summary.items() if isinstance(v, dict) and "median_abs" in v))
 
 elastic = json.load(open(f"{tmp}/elastic/report.json"))
 cell = elastic["cells"][0]

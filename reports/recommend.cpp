@@ -589,16 +589,21 @@ json recommend(const json& report) {
       if (!std::isfinite(t) || t <= 0) continue;
       if (!fastest || t < number_at(*fastest, {"metrics", "timing", "step_time_s", "p50"})) fastest = x;
       const json levels = (*x)["metrics"].value("comm", json::object()).value("levels", json::object());
-      std::string by_level;
+      std::string by_level, bound;
+      double most = 0;
       json ev = {{"step_time_s", t}};
       for (const char* level : {"intra-node", "inter-node"}) {
         if (!levels.contains(level)) continue;
-        const double s = levels[level].value("comm_time_s", 0.0);
-        by_level += (by_level.empty() ? "" : ", ") + format_seconds(s) + " " + (std::string(level) == "intra-node" ? "within a node" : "across nodes");
+        const std::string where = std::string(level) == "intra-node" ? "within a node" : "across nodes";
+        const double s = levels[level].value("comm_time_s", 0.0), exposed = levels[level].value("exposed_comm_time_s", 0.0);
+        by_level += (by_level.empty() ? "" : ", ") + format_seconds(s) + " " + where;
         ev[level + std::string("_comm_time_s")] = s;
+        ev[level + std::string("_exposed_comm_time_s")] = exposed;
+        // The level the step waits on most bounds it, as far as communication does.
+        if (exposed > most) most = exposed, bound = where;
       }
       parts += (parts.empty() ? "" : "; ") + strategy + " " + format_seconds(t) + " per step" +
-               (by_level.empty() ? "" : " (communication " + by_level + ")");
+               (by_level.empty() ? "" : " (communication " + by_level + (bound.empty() ? "" : "; waits most on the links " + bound) + ")");
       evidence[strategy] = ev;
       names.push_back((*x)["name"]);
     }

@@ -206,7 +206,7 @@ TEST(Recommendations, CheckpointingTradeoffAndLeaveOff) {
 }
 
 // On 2 nodes: hsdp's communication mostly within a node, zero3's all across; the rule names the
-// fastest on these links and each strategy's time per level.
+// fastest on these links, each strategy's time per level and the level it waits on most.
 TEST(Recommendations, HsdpAgainstZero3AndDdpAcrossNodes) {
   auto across = [](const std::string& strategy, double p50, json levels) {
     json c = cell("gpt-tiny", "32-true", p50, 1.0, 0.5);
@@ -219,15 +219,17 @@ TEST(Recommendations, HsdpAgainstZero3AndDdpAcrossNodes) {
     return c;
   };
   auto level = [](double s) { return json{{"comm_time_s", s}, {"exposed_comm_time_s", s}}; };
-  const json hsdp = across("hsdp", 0.040, {{"intra-node", level(0.005)}, {"inter-node", level(0.020)}});
+  const json hsdp = across("hsdp", 0.040, {{"intra-node", {{"comm_time_s", 0.030}, {"exposed_comm_time_s", 0.025}}},
+                                           {"inter-node", level(0.020)}});
   const json zero3 = across("zero3", 0.090, {{"inter-node", level(0.070)}});
   const json ddp = across("ddp", 0.050, {{"inter-node", level(0.030)}});
   const json report = make_report(env_with_blas(false), json::object(), {hsdp, zero3, ddp});
   std::string text;
   for (const auto& r : report["recommendations"])
     if (r["id"] == "parallel.across-nodes") text += r["text"].get<std::string>();
-  EXPECT_NE(text.find("gpt-tiny at 4 ranks on 2 nodes: hsdp 40.00 ms per step (communication 5.00 ms within a node, "
-                      "20.00 ms across nodes); zero3 90.00 ms per step (communication 70.00 ms across nodes); ddp 50.00 ms"),
+  EXPECT_NE(text.find("gpt-tiny at 4 ranks on 2 nodes: hsdp 40.00 ms per step (communication 30.00 ms within a node, "
+                      "20.00 ms across nodes; waits most on the links within a node); zero3 90.00 ms per step "
+                      "(communication 70.00 ms across nodes; waits most on the links across nodes); ddp 50.00 ms"),
             std::string::npos) << text;
   EXPECT_NE(text.find("hsdp is fastest on these links"), std::string::npos) << text;
   // One node: nothing to compare across.
@@ -769,8 +771,11 @@ TEST(Pitfalls, MemoryNamesTheCheapestPolicyThatFitsAndItsRecomputeCost) {
   const json r2 = make_report(env_with_blas(false), suite, {none, checkpointed("full/bs192", "full", 192, "oom", 0),
                                                             checkpointed("every2/bs192", "every:2", 192, "oom", 0), rn, rf, re});
   EXPECT_EQ(r2["pitfalls"][0]["reproduced"], false);
-  for (const auto& rec : r2["recommendations"])
-    if (rec["id"] == "pitfall.memory") EXPECT_EQ(rec["severity"], "warn");
+  for (const auto& rec : r2["recommendations"]) {
+    if (rec["id"] == "pitfall.memory") {
+      EXPECT_EQ(rec["severity"], "warn");
+    }
+  }
 }
 
 TEST(Pitfalls, RngShowsTheConsequenceBesideTheViolatedStreams) {

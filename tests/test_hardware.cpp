@@ -293,6 +293,18 @@ TEST(HardwareSuite, TheCpuQualificationReport) {
   const json& gemm = cells["kind=gemm-peak"]["metrics"]["hardware"]["gemm"];
   ASSERT_EQ(gemm.size(), 3u);  // fp32, bf16, fp16 on a CPU
   for (const auto& g : gemm) EXPECT_GT(g["achievable_flops_per_s"].get<double>(), 0) << g["dtype"];
+  // SDPA's fused attention, the planner's rate for it, measured in fp32 and bf16 at the CPU's 4 shapes.
+  for (const auto& g : gemm) {
+    if (g["dtype"] == "fp16") {
+      EXPECT_FALSE(g.contains("attention"));
+      continue;
+    }
+    ASSERT_EQ(g.value("attention", json::array()).size(), 4u) << g["dtype"];
+    for (const auto& a : g["attention"]) {
+      EXPECT_GT(a["forward_flops_per_s"].get<double>(), 0) << a.dump();
+      EXPECT_GT(a["backward_flops_per_s"].get<double>(), 0) << a.dump();
+    }
+  }
   EXPECT_GT(cells["kind=memory-bandwidth"]["metrics"]["hardware"]["memory"]["bandwidth_gbps"].get<double>(), 0);
   EXPECT_EQ(cells["kind=copy-bandwidth"]["status"], "skipped");
   const json& w = cells["sustained"]["metrics"]["timing"]["throughput_over_run"];

@@ -215,6 +215,8 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
       }
       t.collectives.push_back({{"op", "all-gather"}, {"seconds", ag_total}, {"exposed_s", ag_exposed}});
       t.collectives.push_back({{"op", "reduce-scatter"}, {"seconds", rs_total + root_rs}, {"exposed_s", rs_total + root_rs}});
+      if (c.nodes > 1)  // which links the shard group's collectives cross
+        for (size_t k = t.collectives.size() - 2; k < t.collectives.size(); ++k) t.collectives[k]["level"] = shard_inter ? "inter-node" : "intra-node";
       t.overlap_rule = s.prefetch ? "each block's all-gather prefetched under the previous block's compute (exposed: what outlasts it, "
                                     "and the first); reduce-scatters are synchronous (exposed)"
                                   : "no prefetch: every all-gather and reduce-scatter is exposed";

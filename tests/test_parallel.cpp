@@ -415,13 +415,13 @@ TEST(Parallel, DeviceClockTimesCollectivesAndHoldsAsyncOnesUntilFlush) {
     std::vector<torch::Tensor> v{torch::ones({16})};
     auto work = comm.process_group()->allreduce(v);
     work->wait();
-    comm.report_after(CollectiveInfo{"all-reduce", 64, 2, 9.0, 5.0, 3}, {work});
+    comm.report_after(CollectiveInfo{"all-reduce", 64, 2, 9.0, 5.0, 3, 0.0, ""}, {work});
     before_flush[r] = seen[r].size();
     comm.flush();
     comm.set_device_clock([](const c10d::Work&) -> double { throw std::runtime_error("no events"); });
     comm.all_reduce(t, /*average=*/false);
     comm.set_device_clock(nullptr);
-    comm.report_after(CollectiveInfo{"all-reduce", 64, 2, 9.0, 5.0, 4}, {work});
+    comm.report_after(CollectiveInfo{"all-reduce", 64, 2, 9.0, 5.0, 4, 0.0, ""}, {work});
   };
   std::thread t0(rank, 0), t1(rank, 1);
   t0.join();

@@ -243,14 +243,16 @@ TEST(Plan, HsdpAcrossNodesShardsWithinANode) {
   EXPECT_NEAR(hsdp["memory"]["model_state_total_bytes"].get<double>(), 16 * n / 8, 16 * 8 * 33.0);
   EXPECT_NEAR(zero3["memory"]["model_state_total_bytes"].get<double>(), 16 * n / 32, 16 * 32 * 33.0);
   double ar_bytes = 0, hsdp_ag = 0, zero3_ag = 0;
-  std::string level;
+  std::string level, hsdp_ag_level, zero3_ag_level;
   for (const auto& c : hsdp["time"]["collectives"]) {
     if (c["op"] == "all-reduce") ar_bytes = c["bytes"], level = c["level"];
-    if (c["op"] == "all-gather") hsdp_ag = c["seconds"];
+    if (c["op"] == "all-gather") hsdp_ag = c["seconds"], hsdp_ag_level = c["level"];
   }
   for (const auto& c : zero3["time"]["collectives"])
-    if (c["op"] == "all-gather") zero3_ag = c["seconds"];
+    if (c["op"] == "all-gather") zero3_ag = c["seconds"], zero3_ag_level = c["level"];
   EXPECT_EQ(level, "inter-node");
+  EXPECT_EQ(hsdp_ag_level, "intra-node");
+  EXPECT_EQ(zero3_ag_level, "inter-node");
   // fp32 gradient slices, each unit padded to 8: the blocks' after every micro-batch's backward, the
   // root's (embedding, head, final norm) once per step.
   const double root = 2.0 * 128256 * 4096 + 4096, accumulation = hsdp["accumulation"];

@@ -110,6 +110,9 @@ SchedulerType=sched/builtin
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
+# Job records are never purged: sbatch --wait then polls every 2 s (it lengthens its sleep to 8 and 32 s
+# only while that stays under a third of MinJobAge), so the launch ends when the job does.
+MinJobAge=0
 SlurmdParameters=config_overrides
 NodeName=node0 NodeAddr=10.231.0.1 CPUs=$per State=UNKNOWN
 NodeName=node1 NodeAddr=10.231.0.2 CPUs=$per State=UNKNOWN

@@ -31,12 +31,17 @@ export TRAINSCOPE="$ts" LIMIT_S=240 RATE=500mbit
 cells='mlp/ddp/ws4|gpt-tiny/zero3/ws4|gpt-tiny/hsdp/ws4'
 
 launchers="torchrun mpirun sbatch"
+# The delay comes from the user-space switch, which needs TUN devices; without them the links keep
+# their rate (tbf) and the delay is not checked.
+DELAY_MS=1
+[ -c /dev/net/tun ] || { echo "no /dev/net/tun here: the link gets no delay, and the delay check is skipped"; DELAY_MS=""; }
+export DELAY_MS
 phase_start=$(date +%s)
 phase() { echo "$1: $(( $(date +%s) - phase_start )) s"; phase_start=$(date +%s); }
 for l in $launchers; do
   # torchrun's cluster is linked as the collectives cell's below (1 Gbit/s, 1 ms), for the plan check.
   link=()
-  [ "$l" = torchrun ] && link=(RATE=1gbit DELAY=1ms)
+  [ "$l" = torchrun ] && link=(RATE=1gbit DELAY="${DELAY_MS:+${DELAY_MS}ms}")
   env "${link[@]}" OUT="$tmp/$l" FILTER="$cells" tests/multinode/run.sh "$l" --set steps=8 > "$tmp/$l.log" 2>&1 ||
     { cat "$tmp/$l.log"; fail "the 2-node $l launch failed"; }
   phase "$l (3 cells)"
@@ -46,7 +51,7 @@ timeout -k 5 240 "$ts" run --suite parallel --filter "$cells" --nproc 4 --thread
 phase "the same cells on 4 local ranks"
 # The collectives cell on 2 x 2 ranks: the world's sweep, then each level on its own groups; the link
 # between the nodes through the user-space switch, with a 1 ms delay each way.
-OUT="$tmp/levels" SUITE=hardware FILTER=collectives RATE=1gbit DELAY=1ms tests/multinode/run.sh torchrun --set world_size=4 \
+OUT="$tmp/levels" SUITE=hardware FILTER=collectives RATE=1gbit DELAY="${DELAY_MS:+${DELAY_MS}ms}" tests/multinode/run.sh torchrun --set world_size=4 \
   --set steps=2 --set warmup_steps=1 > "$tmp/levels.log" 2>&1 || { cat "$tmp/levels.log"; fail "the collectives cell on 2 nodes failed"; }
 phase "collectives levels"
 # The planner on the 2-node cells: this machine's GEMM, memory and copy rates, and the two levels the
@@ -115,7 +120,7 @@ wait "$runner" || { cat "$tmp/elastic.log" "$tmp"/elastic/node*.log | tail -n 40
 phase "elastic restart"
 
 /usr/bin/python3 - "$tmp" $launchers <<'EOF' || exit 1
-import json, sys
+import json, os, sys
 tmp, launchers = sys.argv[1], sys.argv[2:]
 local = json.load(open(f"{tmp}/local/report.json"))
 by_name = {c["name"]: c for c in local["cells"]}
@@ -215,7 +220,7 @@ if inter < 3 * intra:
 small = min(x["bytes"] for x in levels["rows"])
 inter_small, intra_small = allreduce_s("inter-node", small), allreduce_s("intra-node", small)
 print(f"{small}-byte all-reduce: between the nodes {inter_small * 1e3:.2f} ms, within a node {intra_small * 1e3:.2f} ms (one-way delay 1 ms)")
-if inter_small < 2e-3:
+if os.environ.get("DELAY_MS") and inter_small < 2e-3:
     errors.append(f"the smallest inter-node all-reduce ({inter_small * 1e3:.2f} ms) beats two one-way delays of 1 ms")
 for e in errors:
     print("FAIL:", e)

@@ -125,6 +125,9 @@ const std::vector<KeySpec>& config_keys() {
       {"log_every", KeyKind::Int, {}, 0, "loss-curve sampling interval; 0: about 50 points", 0},
       {"trace", KeyKind::Bool, {}, false,
        "write a Chrome Trace Event / Perfetto timeline of each rank (steps, phases, collectives, counters)"},
+      {"operator_times", KeyKind::Bool, {}, false,
+       "time each kind of operator inside the step (GEMM, attention, activation, ...) on every other measured step: "
+       "the planner's calibration (the hardware suite's calibration cells)"},
       {"eval", KeyKind::Bool, {}, true, "evaluate test accuracy after training (classifiers)"},
       {"inject", KeyKind::Choice,
        {"none", "crash", "abort", "hang", "throw", "same-data-seed", "skip-broadcast", "rank-dropout-seed",
@@ -356,6 +359,7 @@ static void for_each_field(Config& c, Visit&& v) {
   v("sustain_window_s", c.sustain_window_s);
   v("timeout_s", c.timeout_s);
   v("trace", c.trace);
+  v("operator_times", c.operator_times);
   v("time_budget_s", c.time_budget_s);
   v("log_every", c.log_every);
   v("eval", c.eval);

@@ -85,6 +85,7 @@ struct RunConfig {
   int64_t threads = 0;  // 0: one per core
   double timeout_s = 600;
   bool trace = false;  // per-rank timeline files (probes/trace/trace.hpp)
+  bool operator_times = false;  // self time per operator kind in the step (probes/step/operators.hpp)
   double time_budget_s = 0;  // 0: run every step; else stop the measured steps after this much training
   int64_t log_every = 0;  // 0: about 50 points on the loss curve
   bool eval = true;

@@ -1,4 +1,5 @@
 #pragma once
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -9,6 +10,18 @@ struct Curve {
   std::vector<std::pair<double, double>> points;  // sorted by x
   double at(double x) const;
   bool empty() const { return points.empty(); }
+};
+
+// CPU convolutions' scratch (oneDNN's reorders), measured per shape: bytes beyond the results over the
+// output's bytes, forward and backward. A convolution takes the measured shape nearest its channels
+// (in log space): the reorders follow oneDNN's channel blocking, not the image size.
+struct ConvScratch {
+  struct Shape {
+    double in_channels = 0, out_channels = 0, forward = 0, backward = 0;
+  };
+  std::vector<Shape> shapes;
+  bool empty() const { return shapes.empty(); }
+  const Shape* nearest(int64_t in_channels, int64_t out_channels) const;
 };
 
 }  // namespace trainscope::plan

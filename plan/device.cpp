@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/errors.hpp"
+#include "plan/calibrate.hpp"
 
 namespace trainscope::plan {
 
@@ -19,6 +20,18 @@ double Curve::at(double x) const {
     return std::exp(std::log(y0) + f * (std::log(y1) - std::log(y0)));
   }
   return points.back().second;
+}
+
+const ConvScratch::Shape* ConvScratch::nearest(int64_t in_channels, int64_t out_channels) const {
+  const Shape* best = nullptr;
+  double distance = 1e300;
+  for (const Shape& s : shapes) {
+    if (s.in_channels <= 0 || s.out_channels <= 0) continue;
+    const double di = std::log(s.in_channels / static_cast<double>(std::max<int64_t>(1, in_channels)));
+    const double dout = std::log(s.out_channels / static_cast<double>(std::max<int64_t>(1, out_channels)));
+    if (di * di + dout * dout < distance) distance = di * di + dout * dout, best = &s;
+  }
+  return best;
 }
 
 double DeviceProfile::gemm_seconds(const std::string& dtype, double m, double n, double k, double batch) const {
@@ -64,9 +77,15 @@ double DeviceProfile::collective_seconds(const std::string& op, double bytes, in
   if (inter) {
     bw = inter_busbw;
   } else {
-    auto c = busbw.find(op);
-    if (c == busbw.end()) c = busbw.find("all-reduce");
-    bw = c != busbw.end() ? c->second.at(bytes) : 0;
+    const std::map<std::string, Curve>* curves = &busbw;
+    double nearest = 1e300;
+    for (const auto& [world, c] : busbw_by_world) {
+      const double distance = std::fabs(std::log(static_cast<double>(world) / n));
+      if (distance < nearest) nearest = distance, curves = &c;
+    }
+    auto c = curves->find(op);
+    if (c == curves->end()) c = curves->find("all-reduce");
+    bw = c != curves->end() ? c->second.at(bytes) : 0;
   }
   if (bw <= 0) return 0;
   return (inter ? inter_latency_s : latency_s) + bytes * factor / bw;
@@ -75,8 +94,20 @@ double DeviceProfile::collective_seconds(const std::string& op, double bytes, in
 json DeviceProfile::to_json() const {
   json gemm = json::object();
   for (const auto& [d, r] : gemm_rate) gemm[d] = {{"rate_flops_per_s", r}, {"peak_flops_per_s", peak_flops.count(d) ? json(peak_flops.at(d)) : json()}};
+  json calibration = json::object();
+  for (const auto& [dtype, c] : in_step) {
+    json kinds = json::object();
+    for (const auto& [kind, f] : c.factor) kinds[kind] = {{"forward", f.first}, {"backward", f.second}};
+    calibration[dtype] = {{"kinds", kinds},
+                          {"kernels", {{"forward", c.kernels_forward}, {"backward", c.kernels_backward}}},
+                          {"operator_s", c.op_s},
+                          {"backward_node_s", c.node_s},
+                          {"optimizer", c.optimizer},
+                          {"cells", c.cells}};
+  }
   return {{"name", name},
           {"source", source},
+          {"in_step", in_step.empty() ? json() : calibration},
           {"gpu", gpu},
           {"memory_bytes", memory_bytes},
           {"gemm", gemm},
@@ -176,6 +207,15 @@ DeviceProfile measured_profile(const json& report, const std::string& source) {
       const json gpus = env.value("gpus", json::array());
       if (!gpus.empty() && gpus[0].contains("memory_bytes")) d.memory_bytes = gpus[0]["memory_bytes"].get<int64_t>();
     }
+    if (m.contains("hardware") && m["hardware"].contains("conv_workspace")) {
+      for (const auto& w : m["hardware"]["conv_workspace"]) {
+        const double out = w.value("output_bytes", 0.0);
+        if (out > 0)
+          d.conv_workspace.shapes.push_back({w.value("in_channels", 0.0), w.value("out_channels", 0.0),
+                                             w.value("forward_bytes", 0.0) / out, w.value("backward_bytes", 0.0) / out});
+      }
+      d.sources["conv_workspace"] = "measured oneDNN convolution scratch per shape, the nearest channels' (" + source + ")";
+    }
     if (m.contains("hardware") && m["hardware"].contains("gemm_workspace_bytes"))
       d.gpu_gemm_workspace = m["hardware"]["gemm_workspace_bytes"].get<int64_t>();
     if (m.contains("hardware") && m["hardware"].contains("gemm")) {
@@ -261,7 +301,8 @@ DeviceProfile measured_profile(const json& report, const std::string& source) {
       d.sources["bandwidth"] = "measured copy bandwidth by size (" + source + ")";
       d.sources["op_overhead"] = "measured per-operator and per-backward-node cost (" + source + ")";
     }
-    if (m.contains("comm") && cell.value("name", "") == "collectives") {
+    const json& cfg = cell.value("config", json::object());
+    if (m.contains("comm") && cfg.value("kind", "") == "collectives") {
       std::map<std::string, Curve> curves;
       double lat = 1e9;
       for (const auto& c : m["comm"].value("collectives", json::array())) {
@@ -270,7 +311,10 @@ DeviceProfile measured_profile(const json& report, const std::string& source) {
         lat = std::min(lat, c.value("time_s", 1e9));
       }
       for (auto& [op, c] : curves) std::sort(c.points.begin(), c.points.end());
-      d.busbw = curves;
+      const int64_t world = cell["config"].value("world_size", int64_t{2});
+      d.busbw_by_world[world] = curves;
+      // The default (collectives the sweeps do not bracket, the levels below): the smallest world's.
+      if (d.busbw.empty() || world <= d.busbw_by_world.begin()->first) d.busbw = curves;
       d.latency_s = 0;  // the measured bus bandwidth by size already carries the latency
       d.sources["intra_node"] = "measured collectives sweep, bus bandwidth by size (" + source + ")";
       // Run across nodes, the cell also measured each level on its own groups: within a node the curves
@@ -290,7 +334,10 @@ DeviceProfile measured_profile(const json& report, const std::string& source) {
           }
         }
         for (auto& [op, c] : intra) std::sort(c.points.begin(), c.points.end());
-        if (!intra.empty()) d.busbw = intra;
+        if (!intra.empty()) {
+          d.busbw = intra;
+          d.busbw_by_world.clear();  // the world's sweep crossed the nodes
+        }
         d.sources["intra_node"] = "measured within a node on the cluster, bus bandwidth by size (" + source + ")";
         d.sources["inter_node"] = "measured across nodes on the cluster: the largest all-reduce's bus bandwidth, the "
                                   "smallest one's time as latency (" + source + ")";
@@ -300,6 +347,7 @@ DeviceProfile measured_profile(const json& report, const std::string& source) {
   }
   if (!any) throw UsageError("plan: " + source + " has no GEMM measurements (run: trainscope run --suite hardware)");
   if (d.bandwidth.empty()) throw UsageError("plan: " + source + " has no memory-bandwidth measurement (run: trainscope run --suite hardware)");
+  calibrate_in_step(d, report);
   return d;
 }
 

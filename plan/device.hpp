@@ -26,15 +26,31 @@ struct DeviceProfile {
   // call (measured; none: attention costs as two batched GEMMs and its exponentials)
   std::map<std::string, std::pair<Curve, Curve>> attention;
   int64_t gpu_gemm_workspace = 0;  // bytes cuBLAS's workspaces keep on a GPU (measured)
+  ConvScratch conv_workspace;  // CPU convolutions' scratch per measured shape (none: nothing added)
   // dtype ("fp32", "bf16") -> kind ("activation", "softmax", "norm", "random") -> forward and backward
   // elements per second by elements (measured); none: the memory roofline.
   std::map<std::string, std::map<std::string, std::pair<Curve, Curve>>> elementwise;
   Curve bandwidth;                           // bytes/s by bytes moved per operator
   double op_overhead_s = 0, backward_node_s = 0;
   std::map<std::string, Curve> busbw;  // collective op -> bus bandwidth (bytes/s) by bytes, within a node
+  // The same per world size the hardware suite swept (its `collectives` cells): a collective over n
+  // ranks takes the sweep nearest n (on a CPU, ranks share the cores: 4 ranks' small collectives are
+  // not 2 ranks' scaled by the ring factor).
+  std::map<int64_t, std::map<std::string, Curve>> busbw_by_world;
   double latency_s = 0;                // per collective, within a node
   double inter_busbw = 0, inter_latency_s = 0;  // across nodes (per GPU)
   int64_t cores = 0;                   // CPU: the cores the measurements used
+  // The hardware suite's calibration cells (plan/calibrate.hpp), per GEMM dtype: what each operator
+  // kind took inside their steps over what this profile predicts for it, the per-operator and
+  // per-backward-node cost the steps left outside the kernels, and the optimizer's ratio.
+  struct InStep {
+    std::map<std::string, std::pair<double, double>> factor;  // kind -> forward, backward
+    double kernels_forward = 1, kernels_backward = 1;         // every kind pooled: a kind none of them ran
+    double op_s = 0, node_s = 0;
+    double optimizer = 1;
+    std::vector<std::string> cells;
+  };
+  std::map<std::string, InStep> in_step;
   json sources = json::object();       // quantity -> where it came from
 
   bool has(const std::string& dtype) const { return gemm_rate.count(dtype) > 0; }

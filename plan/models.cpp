@@ -271,8 +271,12 @@ T llama_block(Net& n, const T& x, const LlamaBlockParams& p, bool selective) {
 // ---- CNN (suites/models/models.cpp: Cnn, BasicBlock), fp32 ----------------------------------------
 T conv(Net& n, const T& x, const T& w, int64_t cin, int64_t cout, int64_t k, int64_t hw_out) {
   const T xc = n.lower(x), wc = n.lower(w);
-  return n.t.op({&xc, &wc}, n.r.batch * cout * hw_out, xc.elem, {&xc, &wc}, false, 0,
-                gemm_cost(n.r.batch * hw_out, cout, cin * k * k));
+  OpCost cost = gemm_cost(n.r.batch * hw_out, cout, cin * k * k);
+  cost.conv = true;
+  const double out_bytes = static_cast<double>(n.r.batch * cout * hw_out * xc.elem);
+  const ConvScratch::Shape* s = n.r.conv_workspace.nearest(cin, cout);
+  return n.t.op({&xc, &wc}, n.r.batch * cout * hw_out, xc.elem, {&xc, &wc}, false, 0, cost,
+                s ? static_cast<int64_t>(s->forward * out_bytes) : 0, s ? static_cast<int64_t>(s->backward * out_bytes) : 0);
 }
 T batch_norm(Net& n, const T& x, const T& w, const T& b, int64_t c) {
   return n.t.op({&x, &w, &b}, x.numel, x.elem, {&x}, false, 2 * c * 4, Net::act(OpKind::Norm, x));

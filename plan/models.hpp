@@ -36,6 +36,7 @@ struct Replay {
   // 4: fp32), as the hardware suite measured them on this CPU (oneDNN's scratchpad); none: zero.
   std::map<int, Curve> gemm_workspace;
   int64_t persistent_workspace = 0;  // GPU: cuBLAS workspaces kept from the first GEMMs on (measured)
+  ConvScratch conv_workspace;  // CPU: oneDNN's scratch over the output's bytes, per measured shape
 };
 
 // The model's parameters, in module order, grouped by block (zero3's units): element counts.

@@ -205,8 +205,9 @@ void Tape::run_nodes(size_t from) {
           grads_[id] = alias ? out_grad : std::make_shared<Storage>(this, b);
         }
       }
-      out_grad.reset();
+      // The kernels' scratch, while the output's gradient they read is still held.
       if (n.work > 0) transient(n.work);
+      out_grad.reset();
     }
     for (int o : n.outputs) grads_.erase(o);
     // n (its saved storage) is released here

@@ -49,6 +49,7 @@ struct OpCost {
   int elem = 4;  // element bytes of the elementwise kinds
   bool on_chip = false;  // inside a fused kernel (flash attention's exponentials): no memory traffic of its own
   bool fused_attention = false;  // a GEMM cost standing for SDPA's fused causal kernel: (S, S, Dh) x 2 x heads
+  bool conv = false;             // a GEMM cost standing for a convolution (im2col's m x n x k)
 };
 inline OpCost gemm_cost(int64_t m, int64_t n, int64_t k, int64_t batch = 1) { return OpCost{m, n, k, batch, 0, OpKind::Gemm, 0, 4}; }
 // SDPA's fused causal attention over `heads` (batch x heads) of S x S x Dh: as two batched GEMMs

@@ -47,8 +47,8 @@ Pass cost_of(const std::vector<OpCost>& costs, const DeviceProfile& d, const std
                                       static_cast<double>(c.batch));
       p.forward += s;
       p.backward += 2 * s;
-      p.by_kind["gemm"].first += s;
-      p.by_kind["gemm"].second += 2 * s;
+      p.by_kind[c.conv ? "conv" : "gemm"].first += s;
+      p.by_kind[c.conv ? "conv" : "gemm"].second += 2 * s;
     } else if (c.kind == OpKind::Memory) {
       const double s = d.memory_seconds(static_cast<double>(c.bytes));
       p.forward += s;
@@ -70,13 +70,34 @@ Pass cost_of(const std::vector<OpCost>& costs, const DeviceProfile& d, const std
   return p;
 }
 
+// The in-step calibration of this dtype, if the profile has one (a CPU's hardware report with
+// calibration cells; fp32's for a dtype it did not calibrate).
+const DeviceProfile::InStep* in_step_of(const DeviceProfile& d, const std::string& dtype) {
+  if (auto it = d.in_step.find(dtype); it != d.in_step.end()) return &it->second;
+  if (auto it = d.in_step.find("fp32"); it != d.in_step.end()) return &it->second;
+  return nullptr;
+}
+
+// Each kind's kernel time as the calibration cells' steps ran that kind, over the profile's rates.
+void calibrate(Pass& p, const DeviceProfile::InStep& cal) {
+  p.forward = p.backward = 0;
+  for (auto& [kind, fb] : p.by_kind) {
+    const auto it = cal.factor.find(kind);
+    fb.first *= it != cal.factor.end() ? it->second.first : cal.kernels_forward;
+    fb.second *= it != cal.factor.end() ? it->second.second : cal.kernels_backward;
+    p.forward += fb.first;
+    p.backward += fb.second;
+  }
+}
+
 }  // namespace
 
 json TimePrediction::to_json() const {
   return {{"forward_s", forward_s},   {"backward_s", backward_s}, {"recompute_s", recompute_s},
           {"optimizer_s", optimizer_s}, {"compute_s", compute_s}, {"host_s", host_s}, {"device_s", device_s}, {"comm_s", comm_s},
           {"exposed_comm_s", exposed_comm_s}, {"step_s", step_s}, {"bound", bound},
-          {"collectives", collectives}, {"overlap_rule", overlap_rule}, {"breakdown", breakdown}};
+          {"collectives", collectives}, {"overlap_rule", overlap_rule}, {"breakdown", breakdown},
+          {"in_step", in_step.empty() ? json() : json(in_step)}};
 }
 
 TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const DeviceProfile& d, const Cluster& c,
@@ -84,14 +105,20 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
   TimePrediction t;
   const std::string dtype = d.has(s.replay.num.gemm_dtype) ? s.replay.num.gemm_dtype : "fp32";
   const double slow = 1.0 / std::max(1e-9, cpu_share);
-  const Pass f = cost_of(m.forward_costs, d, dtype);
-  const Pass r = cost_of(m.recompute_costs, d, dtype);
+  Pass f = cost_of(m.forward_costs, d, dtype);
+  Pass r = cost_of(m.recompute_costs, d, dtype);
+  const DeviceProfile::InStep* cal = in_step_of(d, dtype);
+  if (cal) {
+    calibrate(f, *cal);
+    calibrate(r, *cal);
+    t.in_step = cal->cells.empty() ? "" : "calibrated in-step on " + std::to_string(cal->cells.size()) + " hardware-suite cells";
+  }
+  const double op_s = cal ? cal->op_s : d.op_overhead_s, node_s = cal ? cal->node_s : d.backward_node_s;
   for (const auto& [k, fb] : f.by_kind) t.breakdown[k] = {{"forward_s", fb.first * slow}, {"backward_s", fb.second * slow}};
-  t.breakdown["per_operator"] = {{"forward_s", f.ops * d.op_overhead_s * slow}, {"backward_s", f.ops * d.backward_node_s * slow},
-                                 {"operators", f.ops}};
-  t.forward_s = (f.forward + f.ops * d.op_overhead_s) * slow;
-  t.backward_s = (f.backward + f.ops * d.backward_node_s) * slow;
-  t.recompute_s = (r.forward + r.ops * (d.op_overhead_s + d.backward_node_s)) * slow;
+  t.breakdown["per_operator"] = {{"forward_s", f.ops * op_s * slow}, {"backward_s", f.ops * node_s * slow}, {"operators", f.ops}};
+  t.forward_s = (f.forward + f.ops * op_s) * slow;
+  t.backward_s = (f.backward + f.ops * node_s) * slow;
+  t.recompute_s = (r.forward + r.ops * (op_s + node_s)) * slow;
   // The optimizer: LibTorch's AdamW makes ~9 kernels and ~23 element accesses per parameter element
   // (decay, both moments, sqrt, division, the update); SGD with momentum ~3 and ~8.
   const ParamLayout layout = param_layout(s.replay);
@@ -113,13 +140,13 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
     optimizer_host += (sgd ? 3 : 9) * d.op_overhead_s;
     t.optimizer_s += (sgd ? 3 : 9) * d.op_overhead_s + d.memory_seconds(static_cast<double>((sgd ? 8 : 23) * n * pe));
   }
-  t.optimizer_s *= slow;
+  t.optimizer_s *= slow * (cal ? cal->optimizer : 1.0);
   const double micro = t.forward_s + t.backward_s + t.recompute_s;
   // The host's dispatch (per operator, backward node and optimizer kernel) and the kernels themselves.
   // A CPU runs them one after the other. On a GPU they run concurrently, the host queueing kernels
   // ahead of the device, so the step takes the longer of the two (the H200 check, docs/plan.md: the
   // device part within 5% of the timeline's busy time on gpt-125m and llama3-1b).
-  t.host_s = (static_cast<double>(accumulation * (f.ops + r.ops)) * (d.op_overhead_s + d.backward_node_s) + optimizer_host) * slow;
+  t.host_s = (static_cast<double>(accumulation * (f.ops + r.ops)) * (op_s + node_s) + optimizer_host) * slow;
   t.device_s = accumulation * micro + t.optimizer_s - t.host_s;
   t.compute_s = d.gpu ? std::max(t.host_s, t.device_s) : t.host_s + t.device_s;
 

@@ -30,6 +30,7 @@ struct TimePrediction {
   json collectives = json::array();  // per op: bytes per call, calls, seconds, exposed seconds
   std::string overlap_rule;
   json breakdown = json::object();  // compute seconds per operator kind, forward and backward
+  std::string in_step;         // how the kernels' times were calibrated in-step ("": the profile's rates as measured)
   json to_json() const;
 };
 

@@ -183,6 +183,7 @@ std::string cell_key(const json& c) {
   json config = c.value("config", json::object());
   if (config.value("inject", "").rfind("slow:", 0) == 0) config["inject"] = "none";
   config.erase("trace");  // recording a timeline is not another configuration
+  config.erase("operator_times");  // nor is timing its operators
   return c.value("name", "") + "\x1f" + config.dump();
 }
 

@@ -80,10 +80,13 @@ void hardware_rules(const json& report, json& out) {
       if (!att.is_array() || att.empty() || !att.back()["forward_flops_per_s"].is_number()) continue;
       const json& a = att.back();
       const double f = a["forward_flops_per_s"], b = a["backward_flops_per_s"];
+      // A CPU's attention runs at GFLOP/s: the unit follows the rate, so that it never prints as 0.
+      const bool giga = f < 1e12;
+      const double unit = giga ? 1e9 : 1e12;
       std::string text = g["dtype"].get<std::string>() + " fused attention (SDPA, " + a.value("backend", std::string("?")) +
                          " kernel, causal, seq " + std::to_string(a["seq"].get<int64_t>()) + ", head dim " +
-                         std::to_string(a["head_dim"].get<int64_t>()) + "): " + format_fixed(f / 1e12, 0) + " TFLOPS forward, " +
-                         format_fixed(b / 1e12, 0) + " backward";
+                         std::to_string(a["head_dim"].get<int64_t>()) + "): " + format_fixed(f / unit, 0) +
+                         (giga ? " GFLOPS forward, " : " TFLOPS forward, ") + format_fixed(b / unit, 0) + " backward";
       if (g["datasheet_flops_per_s"].is_number())
         text += " (" + format_fixed(100 * f / g["datasheet_flops_per_s"].get<double>(), 0) + "% and " +
                 format_fixed(100 * b / g["datasheet_flops_per_s"].get<double>(), 0) + "% of the datasheet)";

@@ -4,7 +4,7 @@
 # precision, checkpointing, llama and pitfalls on 2 local ranks and parallel on 4, then
 # `plan --check` on each, and prints the error distribution per quantity over all of them.
 #
-#   scripts/measure-plan.sh [OUT]     (default results/measure-plan-<UTC time>; about 5 minutes on 2 cores)
+#   scripts/measure-plan.sh [OUT]     (default results/measure-plan-<UTC time>; about 6 minutes on 2 cores)
 #
 #   TRAINSCOPE  the binary (default build/trainscope)
 set -euo pipefail
@@ -14,7 +14,7 @@ out=$(realpath -m "${1:-results/measure-plan-$(date -u +%Y%m%dT%H%M%SZ)}")
 [ -x "$ts" ] || { echo "measure-plan: no trainscope binary at $ts (make build, or TRAINSCOPE=...)" >&2; exit 2; }
 mkdir -p "$out"
 echo "measure-plan: $out"
-"$ts" run --suite hardware --filter 'gemm-peak|memory-bandwidth|copy-bandwidth|collectives' --nproc 2 --out "$out/hardware" \
+"$ts" run --suite hardware --filter 'gemm-peak|memory-bandwidth|copy-bandwidth|collectives|calibration' --nproc 4 --out "$out/hardware" \
   > "$out/hardware.log" 2>&1 ||
   { tail -n 5 "$out/hardware.log"; echo "measure-plan: the hardware cells failed" >&2; exit 1; }
 for suite in quick precision checkpointing llama pitfalls parallel; do

@@ -278,7 +278,38 @@ TEST(HardwareSuite, TheCpuQualificationReport) {
   expect_reports_for_people(out);
   std::map<std::string, json> cells;
   for (const auto& c : report["cells"]) cells[c["name"]] = c;
-  ASSERT_EQ(cells.size(), 5u);
+  // 3 device cells, the sweeps on 2 and 4 ranks (the latter skipped at --nproc 2: one line says so),
+  // the sustained cell and the planner's 7 calibration cells.
+  ASSERT_EQ(cells.size(), 13u);
+  EXPECT_EQ(cells["collectives/4"]["status"], "skipped");
+  EXPECT_NE(cells["collectives/4"]["reason"].get<std::string>().find("--nproc 4"), std::string::npos) << cells["collectives/4"].dump();
+  // The calibration cells time each operator kind in their steps: half the measured steps profiled,
+  // the other half timed by the phases' walls. A GEMM's backward is two GEMMs of its size, so the
+  // backward's GEMM time exceeds the forward's (2x the FLOPs); the kinds the replay costs are part of
+  // the phase, so their sum stays below its wall (x1.5: the walls and the kinds come from different steps).
+  int calibration = 0;
+  for (const auto& [name, c] : cells) {
+    if (name.rfind("calibration/", 0) != 0) continue;
+    ++calibration;
+    ASSERT_EQ(c["status"], "ok") << name;
+    const json& ops = c["metrics"]["operators"];
+    const int64_t steps = c["steps_run"].get<int64_t>() - c["config"]["warmup_steps"].get<int64_t>();
+    EXPECT_EQ(ops["profiled_steps"].get<int64_t>() + ops["unprofiled_steps"].get<int64_t>(), steps) << name;
+    EXPECT_GE(ops["profiled_steps"].get<int64_t>(), 1) << name;
+    const std::string main_kind = name.find("cnn") != std::string::npos ? "conv" : "gemm";
+    EXPECT_GT(ops["self_s"]["forward"][main_kind].get<double>(), 0) << name;
+    EXPECT_GT(ops["self_s"]["backward"][main_kind].get<double>(), ops["self_s"]["forward"][main_kind].get<double>()) << name;
+    if (name.find("llama") != std::string::npos) {
+      EXPECT_GT(ops["self_s"]["forward"]["attention"].get<double>(), 0) << name;
+    }
+    for (const char* phase : {"forward", "backward"}) {
+      double kernels = 0;
+      for (const auto& [kind, t] : ops["self_s"][phase].items())
+        if (kind != "dispatch") kernels += t.get<double>();
+      EXPECT_LT(kernels, 1.5 * ops["phase_wall_s"][phase].get<double>()) << name << " " << phase;
+    }
+  }
+  EXPECT_EQ(calibration, 7);
   // nccl-tests' table on 2 Gloo ranks: 3 ops x 9 sizes (1 KiB .. 64 MiB, x4), busbw = algbw x 2(n-1)/n
   // for all-reduce and x (n-1)/n for all-gather and reduce-scatter: 1 and 1/2 at n = 2.
   const json& coll = cells["collectives"];
@@ -305,6 +336,15 @@ TEST(HardwareSuite, TheCpuQualificationReport) {
       EXPECT_GT(a["backward_flops_per_s"].get<double>(), 0) << a.dump();
     }
   }
+  // oneDNN's convolution scratch at the 9 measured shapes, beside their outputs' bytes.
+  const json& conv = cells["kind=gemm-peak"]["metrics"]["hardware"]["conv_workspace"];
+  ASSERT_EQ(conv.size(), 9u);
+  for (const auto& w : conv) {
+    EXPECT_EQ(w["output_bytes"].get<int64_t>(), 32 * 4 * w["out_channels"].get<int64_t>() *
+                                                    (w["input_bytes"].get<int64_t>() / (32 * 4 * w["in_channels"].get<int64_t>())))
+        << w.dump();  // 3x3, padding 1, stride 1: the output keeps the input's H x W
+    EXPECT_GE(w["forward_bytes"].get<int64_t>(), 0);
+  }
   EXPECT_GT(cells["kind=memory-bandwidth"]["metrics"]["hardware"]["memory"]["bandwidth_gbps"].get<double>(), 0);
   EXPECT_EQ(cells["kind=copy-bandwidth"]["status"], "skipped");
   const json& w = cells["sustained"]["metrics"]["timing"]["throughput_over_run"];
@@ -314,6 +354,12 @@ TEST(HardwareSuite, TheCpuQualificationReport) {
   int gemm_recs = 0;
   for (const auto& rec : report["recommendations"]) gemm_recs += rec["id"].get<std::string>().rfind("hardware.gemm.", 0) == 0;
   EXPECT_EQ(gemm_recs, 3);
+  // A CPU's attention rate is in GFLOP/s: its line says so rather than "0 TFLOPS".
+  for (const auto& rec : report["recommendations"])
+    if (rec["id"] == "hardware.attention.fp32") {
+      EXPECT_NE(rec["text"].get<std::string>().find(" GFLOPS forward, "), std::string::npos) << rec["text"];
+      EXPECT_EQ(rec["text"].get<std::string>().find("): 0 "), std::string::npos) << rec["text"];
+    }
   std::ifstream md(out + "/report.md");
   const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("## Hardware: measured against the datasheet"), std::string::npos);

@@ -32,7 +32,7 @@ TEST(Plan, CheckPredictsEveryCellsMemoryOfAFreshRun) {
   // This CPU's GEMM scratch (oneDNN's, for bf16) comes from the hardware suite's GEMM cell.
   const std::string hw = tmp("plan_check_hw");
   sh("rm -rf " + hw);
-  ASSERT_EQ(ts("run --suite hardware --filter 'gemm|memory' --out " + hw).code, 0);
+  ASSERT_EQ(ts("run --suite hardware --filter 'gemm|memory|calibration/gpt/32-true' --out " + hw).code, 0);
   const Result check = ts("plan --check " + out + " --hardware " + hw + " --format json");
   ASSERT_EQ(check.code, 0) << check.out;
   const json j = json::parse(check.out);
@@ -74,6 +74,36 @@ TEST(Plan, CheckPredictsEveryCellsMemoryOfAFreshRun) {
     }
   }
   EXPECT_EQ(carried, compared);
+
+  // The in-step calibration from one cell predicts that cell's phases back: each kind's time is what
+  // its steps measured, and what they spent outside those kinds is the per-operator cost (the
+  // forward's, the backward's), so forward and backward come out as their walls; the optimizer's
+  // ratio gives its wall. Arithmetic, to rounding (kinds summing past the wall leave no outside).
+  const Result self = ts("plan --check " + hw + " --hardware " + hw + " --format json");
+  ASSERT_EQ(self.code, 0) << self.out;
+  const json hw_report = read_json(hw + "/report.json");
+  json measured_ops;
+  for (const auto& c : hw_report["cells"])
+    if (c["name"] == "calibration/gpt/32-true") measured_ops = c["metrics"]["operators"];
+  ASSERT_TRUE(measured_ops.is_object());
+  int rows = 0;
+  const json self_check = json::parse(self.out);
+  for (const auto& row : self_check["cells"]) {
+    if (row["cell"] != "calibration/gpt/32-true") continue;
+    ++rows;
+    const json& t = row["predicted"]["time"];
+    EXPECT_NE(t["in_step"].get<std::string>().find("1 hardware-suite cells"), std::string::npos) << t.dump();
+    for (const char* phase : {"forward", "backward"}) {
+      double kernels = 0;
+      for (const auto& [kind, v] : t["breakdown"].items())
+        if (kind != "per_operator") kernels += measured_ops["self_s"][phase].value(kind, 0.0);
+      const double expected = std::max(measured_ops["phase_wall_s"][phase].get<double>(), kernels);
+      EXPECT_NEAR(t[std::string(phase) + "_s"].get<double>(), expected, 1e-9 * expected) << phase;
+    }
+    EXPECT_NEAR(t["optimizer_s"].get<double>(), measured_ops["phase_wall_s"]["optimizer"].get<double>(), 1e-12);
+  }
+  EXPECT_EQ(rows, 1);
+
   std::ifstream md_file(out + "/report.md");
   const std::string md((std::istreambuf_iterator<char>(md_file)), std::istreambuf_iterator<char>());
   EXPECT_NE(md.find("## Plan against measurement"), std::string::npos);

@@ -6,6 +6,7 @@
 #include "probes/device/env.hpp"
 #include "probes/device/gpu.hpp"
 #include "probes/step/memory.hpp"
+#include "probes/step/operators.hpp"
 #include "probes/step/timing.hpp"
 
 using namespace trainscope;
@@ -57,6 +58,55 @@ TEST(MemoryProbe, PhasePeaksAndActivationBytes) {
   EXPECT_EQ(j["peak_bytes"].get<int64_t>() - base, 4096 + 8192);
   EXPECT_EQ(j["activation_bytes"].get<int64_t>(), 4096);
   EXPECT_EQ(j["model_state_difference_bytes"].get<int64_t>(), 0);
+}
+
+TEST(OperatorTimes, KindsByName) {
+  EXPECT_EQ(operator_kind("aten::addmm"), "gemm");
+  EXPECT_EQ(operator_kind("aten::bmm"), "gemm");
+  EXPECT_EQ(operator_kind("aten::convolution_backward"), "conv");
+  EXPECT_EQ(operator_kind("aten::_scaled_dot_product_flash_attention_for_cpu_backward"), "attention");
+  EXPECT_EQ(operator_kind("aten::gelu_backward"), "activation");
+  EXPECT_EQ(operator_kind("aten::_log_softmax_backward_data"), "softmax");
+  EXPECT_EQ(operator_kind("aten::native_layer_norm"), "norm");
+  EXPECT_EQ(operator_kind("aten::bernoulli_"), "random");
+  EXPECT_EQ(operator_kind("aten::copy_"), "memory");      // a kernel of no other kind: memory-bound
+  EXPECT_EQ(operator_kind("aten::masked_fill_"), "memory");
+  EXPECT_EQ(operator_kind("aten::linear"), "dispatch");   // composite: its addmm does the work
+  EXPECT_EQ(operator_kind("aten::view"), "dispatch");
+}
+
+// One warm-up step (not recorded), one profiled step (every other measured step) and one timed by
+// the phases' walls: the profiled step's operators counted by kind, exactly.
+TEST(OperatorTimes, SelfTimeByKindOnTheProfiledStepsOnly) {
+  OperatorTimeProbe probe;
+  const auto a = torch::randn({128, 128}).requires_grad_(), w = torch::randn({128, 128}).requires_grad_();
+  for (int64_t step = 0; step < 3; ++step) {
+    StepInfo s;
+    s.step = step;
+    s.measured = step > 0;
+    probe.step_begin(s);
+    const auto loss = torch::gelu(torch::mm(a, w)).sum();
+    probe.forward_end(s);
+    loss.backward();
+    probe.backward_end(s);
+    {
+      torch::NoGradGuard no_grad;
+      a.sub_(a.grad() * 1e-3);
+    }
+    probe.optimizer_end(s);
+    probe.step_end(s);
+  }
+  const json j = probe.section();
+  EXPECT_EQ(j["profiled_steps"], 1);
+  EXPECT_EQ(j["unprofiled_steps"], 1);
+  EXPECT_EQ(j["calls"]["forward"]["gemm"].get<double>(), 1.0);        // mm
+  EXPECT_EQ(j["calls"]["forward"]["activation"].get<double>(), 1.0);  // gelu
+  EXPECT_EQ(j["calls"]["backward"]["gemm"].get<double>(), 2.0);       // mm's two gradients
+  EXPECT_EQ(j["calls"]["backward"]["activation"].get<double>(), 1.0); // gelu_backward
+  EXPECT_EQ(j["calls"]["optimizer"]["gemm"].get<double>(), 0.0);
+  EXPECT_GT(j["self_s"]["forward"]["gemm"].get<double>(), 0.0);
+  EXPECT_GT(j["self_s"]["backward"]["gemm"].get<double>(), 0.0);
+  for (const char* phase : {"forward", "backward", "optimizer"}) EXPECT_GT(j["phase_wall_s"][phase].get<double>(), 0.0) << phase;
 }
 
 TEST(Stats, PercentilesLikeNumpy) {

@@ -16,6 +16,7 @@
 #include "probes/numerics/overflow.hpp"
 #include "probes/ssl/health.hpp"
 #include "probes/step/memory.hpp"
+#include "probes/step/operators.hpp"
 #include "probes/step/timing.hpp"
 #include "probes/trace/trace.hpp"
 #include "reports/report.hpp"
@@ -49,6 +50,41 @@ json gemm_workspace(const std::string& dtype) {
     const torch::Tensor y = torch::mm(a, w.t());
     const int64_t extra = probes::AccountingAllocator::peak() - before - y.numel() * static_cast<int64_t>(y.element_size());
     out.push_back({{"k", k}, {"bytes", std::max<int64_t>(0, extra)}});
+  }
+  return out;
+}
+
+// What a CPU convolution (oneDNN's, 3x3, padding 1, fp32) allocates through torch's allocator beyond its
+// results: the reorders of its operands into blocked layouts. Forward: bytes beyond the output at the
+// operator's peak; backward: beyond the input's and weight's gradients. Per shape, with its channels
+// and the bytes of its input and output: the planner scales a convolution's output bytes by the ratios
+// of the shape nearest its channels (the reorders follow oneDNN's 8- or 16-channel blocks). The shapes
+// span the CPU models' channels: stems from 1 and 3, widths 8 to 64, same and doubling.
+json conv_workspace() {
+  json out = json::array();
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes{{1, 8, 28},   {8, 8, 28},  {8, 16, 14},  {16, 16, 14}, {16, 32, 7},
+                                                                  {32, 32, 7},  {3, 16, 32}, {16, 16, 32}, {64, 64, 8}};
+  for (const auto& [c, k, hw] : shapes) {
+    const auto o = torch::TensorOptions().dtype(torch::kFloat);
+    // A stem (1-3 channels: images) has no input gradient to compute; every other convolution has.
+    const bool stem = c <= 3;
+    const torch::Tensor x = torch::randn({32, c, hw, hw}, o).requires_grad_(!stem), w = torch::randn({k, c, 3, 3}, o).requires_grad_();
+    torch::conv2d(x, w, {}, 1, 1).sum().backward();  // warm-up: oneDNN's primitive cache
+    if (!stem) x.mutable_grad() = torch::Tensor();
+    w.mutable_grad() = torch::Tensor();
+    int64_t before = probes::AccountingAllocator::current();
+    probes::AccountingAllocator::reset_peak();
+    const torch::Tensor y = torch::conv2d(x, w, {}, 1, 1);
+    const int64_t out_bytes = y.numel() * 4, in_bytes = x.numel() * 4;
+    const int64_t forward = probes::AccountingAllocator::peak() - before - out_bytes;
+    const torch::Tensor g = torch::ones_like(y);
+    before = probes::AccountingAllocator::current();
+    probes::AccountingAllocator::reset_peak();
+    y.backward(g);
+    const int64_t backward = probes::AccountingAllocator::peak() - before - (stem ? 0 : in_bytes) - w.numel() * 4;
+    out.push_back({{"in_channels", c}, {"out_channels", k}, {"input_gradient", !stem}, {"input_bytes", in_bytes}, {"output_bytes", out_bytes},
+                   {"forward_bytes", std::max<int64_t>(0, forward)},
+                   {"backward_bytes", std::max<int64_t>(0, backward)}});
   }
   return out;
 }
@@ -345,6 +381,7 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
           if (!g.contains("skipped") && device == "cpu") g["workspace"] = gemm_workspace(dtype);
           metrics["hardware"]["gemm"].push_back(g);
         }
+        if (device == "cpu") metrics["hardware"]["conv_workspace"] = conv_workspace();
       } else if (config.kind == "memory-bandwidth") {
         metrics["hardware"]["memory"] = suites::memory_bandwidth(device);
       } else if (config.kind == "copy-bandwidth") {
@@ -395,6 +432,7 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
     if (device.rfind("cuda", 0) == 0)
       if (auto nvtx = probes::make_nvtx_probe()) hooks.add(nvtx);
     if (config.timeline) hooks.add(probes::make_timeline_probe());
+    if (config.operator_times) hooks.add(std::make_shared<probes::OperatorTimeProbe>());
     if (trainer.objective()) {
       const int64_t total = config.warmup_steps + config.steps;
       hooks.add(std::make_shared<probes::SslHealthProbe>(config.log_every > 0 ? config.log_every : std::max<int64_t>(1, total / 50)));

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The parallel suite's 4-rank cells on an emulated cluster of 2 nodes x 2 ranks, started by a real
 # launcher with the command line a user types on each node; prints the report folder. SUITE, FILTER
-# and PER_NODE run other cells: SUITE=hardware FILTER=collectives with --set world_size=4 measures both
+# and PER_NODE run other cells: SUITE=hardware FILTER='^collectives$' with --set world_size=4 measures both
 # levels (within a node, across nodes), with PER_NODE=1 the link between the nodes alone.
 #
 #   tests/multinode/run.sh torchrun|mpirun|slurm|sbatch [RUN ARGS...]     e.g. --set steps=5

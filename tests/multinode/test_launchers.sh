@@ -51,7 +51,7 @@ timeout -k 5 240 "$ts" run --suite parallel --filter "$cells" --nproc 4 --thread
 phase "the same cells on 4 local ranks"
 # The collectives cell on 2 x 2 ranks: the world's sweep, then each level on its own groups; the link
 # between the nodes through the user-space switch, with a 1 ms delay each way.
-OUT="$tmp/levels" SUITE=hardware FILTER=collectives RATE=1gbit DELAY="${DELAY_MS:+${DELAY_MS}ms}" tests/multinode/run.sh torchrun --set world_size=4 \
+OUT="$tmp/levels" SUITE=hardware FILTER='^collectives$' RATE=1gbit DELAY="${DELAY_MS:+${DELAY_MS}ms}" tests/multinode/run.sh torchrun --set world_size=4 \
   --set steps=2 --set warmup_steps=1 > "$tmp/levels.log" 2>&1 || { cat "$tmp/levels.log"; fail "the collectives cell on 2 nodes failed"; }
 phase "collectives levels"
 # The planner on the 2-node cells: this machine's GEMM, memory and copy rates, and the two levels the

@@ -39,7 +39,10 @@ json check_report(const json& report, const json& hardware) {
       for (const auto& [dtype, elem] : std::vector<std::pair<std::string, int>>{{"bf16", 2}, {"fp32", 4}})
         if (auto w = device->gemm_workspace.find(dtype); w != device->gemm_workspace.end()) s.replay.gemm_workspace[elem] = w->second;
     if (device && cuda) s.replay.persistent_workspace = device->gpu_gemm_workspace;
-    if (device && !cuda) s.replay.conv_workspace = device->conv_workspace;
+    if (device && !cuda) {
+      s.replay.conv_workspace = device->conv_workspace;
+      s.replay.batch_norm_backward_ratio = device->batch_norm_backward_ratio;
+    }
     return s;
   };
   for (const auto& cell : report.value("cells", json::array())) {

@@ -13,15 +13,18 @@ struct Curve {
 };
 
 // CPU convolutions' scratch (oneDNN's reorders), measured per shape: bytes beyond the results over the
-// output's bytes, forward and backward. A convolution takes the measured shape nearest its channels
-// (in log space): the reorders follow oneDNN's channel blocking, not the image size.
+// output's bytes, forward and backward. A convolution takes the measured shape of its kernel and stride
+// (any, if none was measured) nearest its channels in log space: the reorders follow oneDNN's channel
+// blocking and the kernel's path, not the image size.
 struct ConvScratch {
   struct Shape {
-    double in_channels = 0, out_channels = 0, forward = 0, backward = 0;
+    double in_channels = 0, out_channels = 0;
+    int64_t kernel = 3, stride = 1;
+    double forward = 0, backward = 0;
   };
   std::vector<Shape> shapes;
   bool empty() const { return shapes.empty(); }
-  const Shape* nearest(int64_t in_channels, int64_t out_channels) const;
+  const Shape* nearest(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride) const;
 };
 
 }  // namespace trainscope::plan

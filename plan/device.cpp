@@ -22,11 +22,14 @@ double Curve::at(double x) const {
   return points.back().second;
 }
 
-const ConvScratch::Shape* ConvScratch::nearest(int64_t in_channels, int64_t out_channels) const {
+const ConvScratch::Shape* ConvScratch::nearest(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride) const {
+  bool same_path = false;
+  for (const Shape& s : shapes) same_path = same_path || (s.kernel == kernel && s.stride == stride);
   const Shape* best = nullptr;
   double distance = 1e300;
   for (const Shape& s : shapes) {
     if (s.in_channels <= 0 || s.out_channels <= 0) continue;
+    if (same_path && (s.kernel != kernel || s.stride != stride)) continue;
     const double di = std::log(s.in_channels / static_cast<double>(std::max<int64_t>(1, in_channels)));
     const double dout = std::log(s.out_channels / static_cast<double>(std::max<int64_t>(1, out_channels)));
     if (di * di + dout * dout < distance) distance = di * di + dout * dout, best = &s;
@@ -211,10 +214,19 @@ DeviceProfile measured_profile(const json& report, const std::string& source) {
       for (const auto& w : m["hardware"]["conv_workspace"]) {
         const double out = w.value("output_bytes", 0.0);
         if (out > 0)
-          d.conv_workspace.shapes.push_back({w.value("in_channels", 0.0), w.value("out_channels", 0.0),
-                                             w.value("forward_bytes", 0.0) / out, w.value("backward_bytes", 0.0) / out});
+          d.conv_workspace.shapes.push_back({w.value("in_channels", 0.0), w.value("out_channels", 0.0), w.value("kernel", int64_t{3}),
+                                             w.value("stride", int64_t{1}), w.value("forward_bytes", 0.0) / out,
+                                             w.value("backward_bytes", 0.0) / out});
       }
       d.sources["conv_workspace"] = "measured oneDNN convolution scratch per shape, the nearest channels' (" + source + ")";
+    }
+    if (m.contains("hardware") && m["hardware"].contains("batch_norm_workspace")) {
+      double ratio = 0;
+      int n = 0;
+      for (const auto& w : m["hardware"]["batch_norm_workspace"])
+        if (w.value("input_bytes", 0.0) > 0) ratio += w.value("backward_bytes", 0.0) / w["input_bytes"].get<double>(), ++n;
+      if (n > 0) d.batch_norm_backward_ratio = ratio / n;
+      d.sources["batch_norm_workspace"] = "measured batch norm backward temporary over its input (" + source + ")";
     }
     if (m.contains("hardware") && m["hardware"].contains("gemm_workspace_bytes"))
       d.gpu_gemm_workspace = m["hardware"]["gemm_workspace_bytes"].get<int64_t>();

@@ -27,6 +27,7 @@ struct DeviceProfile {
   std::map<std::string, std::pair<Curve, Curve>> attention;
   int64_t gpu_gemm_workspace = 0;  // bytes cuBLAS's workspaces keep on a GPU (measured)
   ConvScratch conv_workspace;  // CPU convolutions' scratch per measured shape (none: nothing added)
+  double batch_norm_backward_ratio = 0;  // CPU: a batch norm's backward temporary over its input's bytes (measured)
   // dtype ("fp32", "bf16") -> kind ("activation", "softmax", "norm", "random") -> forward and backward
   // elements per second by elements (measured); none: the memory roofline.
   std::map<std::string, std::map<std::string, std::pair<Curve, Curve>>> elementwise;

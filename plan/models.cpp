@@ -1,6 +1,7 @@
 #include "plan/models.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "core/errors.hpp"
@@ -274,12 +275,16 @@ T conv(Net& n, const T& x, const T& w, int64_t cin, int64_t cout, int64_t k, int
   OpCost cost = gemm_cost(n.r.batch * hw_out, cout, cin * k * k);
   cost.conv = true;
   const double out_bytes = static_cast<double>(n.r.batch * cout * hw_out * xc.elem);
-  const ConvScratch::Shape* s = n.r.conv_workspace.nearest(cin, cout);
+  // The stride from the input's and output's sizes (square images, padding k / 2).
+  const int64_t hw_in = x.numel / std::max<int64_t>(1, n.r.batch * cin);
+  const int64_t stride = std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(hw_in) / static_cast<double>(hw_out))));
+  const ConvScratch::Shape* s = n.r.conv_workspace.nearest(cin, cout, k, stride);
   return n.t.op({&xc, &wc}, n.r.batch * cout * hw_out, xc.elem, {&xc, &wc}, false, 0, cost,
                 s ? static_cast<int64_t>(s->forward * out_bytes) : 0, s ? static_cast<int64_t>(s->backward * out_bytes) : 0);
 }
 T batch_norm(Net& n, const T& x, const T& w, const T& b, int64_t c) {
-  return n.t.op({&x, &w, &b}, x.numel, x.elem, {&x}, false, 2 * c * 4, Net::act(OpKind::Norm, x));
+  return n.t.op({&x, &w, &b}, x.numel, x.elem, {&x}, false, 2 * c * 4, Net::act(OpKind::Norm, x), 0,
+                static_cast<int64_t>(n.r.batch_norm_backward_ratio * static_cast<double>(x.bytes())));
 }
 
 bool checkpointed(const std::string& policy, int64_t index) {

@@ -37,6 +37,7 @@ struct Replay {
   std::map<int, Curve> gemm_workspace;
   int64_t persistent_workspace = 0;  // GPU: cuBLAS workspaces kept from the first GEMMs on (measured)
   ConvScratch conv_workspace;  // CPU: oneDNN's scratch over the output's bytes, per measured shape
+  double batch_norm_backward_ratio = 0;  // CPU: batch norm's backward temporary over its input's bytes
 };
 
 // The model's parameters, in module order, grouped by block (zero3's units): element counts.

@@ -101,13 +101,14 @@ T Tape::checkpoint(const std::function<T(Tape&, const T&)>& fn, const T& x, cons
     // The seed is the incoming gradient itself (no copy), which the outer engine holds until this node
     // returns: the recomputed graph borrows it (0 bytes of its own).
     if (tape.grads_.count(out_id) && y2.grad()) tape.grads_[y2.id] = tape.grads_[out_id];
-    y2 = T();
     // torch::autograd::grad returns the block's parameter gradients; the engine then stores each into
     // .grad, cloning it (the returned list still holds it, so AccumulateGrad cannot steal it).
     const bool outer_collect = tape.collect_;
     const int64_t before = tape.collected_;
     tape.collect_ = true;
     tape.run_nodes(mark);
+    // CheckpointFunction::backward's local `y` holds the recomputed output until it returns.
+    y2 = T();
     tape.collect_ = outer_collect;
     if (!outer_collect) {
       for (const auto& [id, b] : params_in) {

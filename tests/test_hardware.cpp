@@ -3,6 +3,8 @@
 // peak sweep and the `hardware` suite on this CPU.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <torch/torch.h>
 
 #include "cli_support.hpp"
@@ -336,15 +338,21 @@ TEST(HardwareSuite, TheCpuQualificationReport) {
       EXPECT_GT(a["backward_flops_per_s"].get<double>(), 0) << a.dump();
     }
   }
-  // oneDNN's convolution scratch at the 9 measured shapes, beside their outputs' bytes.
+  // oneDNN's convolution scratch at the 14 measured shapes, beside their outputs' bytes: batch 32,
+  // fp32, padding kernel / 2, so the output's side is (side + 2 (kernel / 2) - kernel) / stride + 1.
   const json& conv = cells["kind=gemm-peak"]["metrics"]["hardware"]["conv_workspace"];
-  ASSERT_EQ(conv.size(), 9u);
+  ASSERT_EQ(conv.size(), 14u);
   for (const auto& w : conv) {
-    EXPECT_EQ(w["output_bytes"].get<int64_t>(), 32 * 4 * w["out_channels"].get<int64_t>() *
-                                                    (w["input_bytes"].get<int64_t>() / (32 * 4 * w["in_channels"].get<int64_t>())))
-        << w.dump();  // 3x3, padding 1, stride 1: the output keeps the input's H x W
+    const int64_t kernel = w["kernel"], stride = w["stride"];
+    const auto side = static_cast<int64_t>(std::lround(std::sqrt(w["input_bytes"].get<double>() / (32 * 4 * w["in_channels"].get<double>()))));
+    const int64_t out_side = (side + 2 * (kernel / 2) - kernel) / stride + 1;
+    EXPECT_EQ(w["output_bytes"].get<int64_t>(), 32 * 4 * w["out_channels"].get<int64_t>() * out_side * out_side) << w.dump();
     EXPECT_GE(w["forward_bytes"].get<int64_t>(), 0);
   }
+  // Batch norm's backward temporary at 3 shapes, beside its input's bytes.
+  const json& bn = cells["kind=gemm-peak"]["metrics"]["hardware"]["batch_norm_workspace"];
+  ASSERT_EQ(bn.size(), 3u);
+  for (const auto& w : bn) EXPECT_EQ(w["input_bytes"].get<int64_t>() % (32 * 4 * w["channels"].get<int64_t>()), 0) << w.dump();
   EXPECT_GT(cells["kind=memory-bandwidth"]["metrics"]["hardware"]["memory"]["bandwidth_gbps"].get<double>(), 0);
   EXPECT_EQ(cells["kind=copy-bandwidth"]["status"], "skipped");
   const json& w = cells["sustained"]["metrics"]["timing"]["throughput_over_run"];

@@ -22,8 +22,9 @@ double median(std::vector<double> v) {
 // The targets on this CPU, over every cell the planner covers: model-state bytes exact, peak
 // memory per rank within 3% median and 10% worst. The replay counts every allocation the
 // implementation makes, so on the accounting allocator (requested bytes, no rounding) the error is
-// what the replay leaves out: the 16-64-byte scalars of the loss scaler and the loop, and
-// oneDNN/BLAS scratch that bypasses the allocator (none counted); both are far inside the targets.
+// what the replay leaves out: the 16-64-byte scalars of the loss scaler and the loop. The scratch
+// oneDNN takes through torch's allocator (bf16 GEMMs, convolutions, batch norm's backward) is this
+// CPU's, measured by the hardware suite's GEMM cell.
 TEST(Plan, CheckPredictsEveryCellsMemoryOfAFreshRun) {
   const std::string out = tmp("plan_check");
   sh("rm -rf " + out);
@@ -46,7 +47,7 @@ TEST(Plan, CheckPredictsEveryCellsMemoryOfAFreshRun) {
     peak.push_back(std::fabs(c["peak_error"].get<double>()));
     ++compared;
   }
-  EXPECT_EQ(compared, 31);
+  EXPECT_EQ(compared, 33);
   EXPECT_LE(median(peak), 0.03);
   EXPECT_LE(*std::max_element(peak.begin(), peak.end()), 0.10);
   EXPECT_DOUBLE_EQ(j["summary"]["peak"]["worst_abs"].get<double>(), *std::max_element(peak.begin(), peak.end()));

@@ -54,27 +54,35 @@ json gemm_workspace(const std::string& dtype) {
   return out;
 }
 
-// What a CPU convolution (oneDNN's, 3x3, padding 1, fp32) allocates through torch's allocator beyond its
-// results: the reorders of its operands into blocked layouts. Forward: bytes beyond the output at the
-// operator's peak; backward: beyond the input's and weight's gradients. Per shape, with its channels
-// and the bytes of its input and output: the planner scales a convolution's output bytes by the ratios
-// of the shape nearest its channels (the reorders follow oneDNN's 8- or 16-channel blocks). The shapes
-// span the CPU models' channels: stems from 1 and 3, widths 8 to 64, same and doubling.
+// What a CPU convolution (oneDNN's, fp32) allocates through torch's allocator beyond its results: the
+// reorders of its operands into blocked layouts. Forward: bytes beyond the output at the operator's
+// peak; backward: beyond the input's and weight's gradients. Per shape (channels, kernel, stride), with
+// the bytes of its input and output: the planner scales a convolution's output bytes by the ratios of
+// the measured shape of its kernel and stride nearest its channels (the reorders follow oneDNN's 8- or
+// 16-channel blocks; a strided 1x1 one gathers its input first). The shapes span the CPU models': stems
+// from 1 and 3 channels, widths 8 to 64, 3x3 convolutions at stride 1 and 2, 1x1 shortcuts at stride 2.
 json conv_workspace() {
   json out = json::array();
-  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes{{1, 8, 28},   {8, 8, 28},  {8, 16, 14},  {16, 16, 14}, {16, 32, 7},
-                                                                  {32, 32, 7},  {3, 16, 32}, {16, 16, 32}, {64, 64, 8}};
-  for (const auto& [c, k, hw] : shapes) {
+  struct Shape {
+    int64_t c, k, hw, kernel, stride;
+  };
+  const std::vector<Shape> shapes{{1, 8, 28, 3, 1},   {8, 8, 28, 3, 1},  {8, 16, 14, 3, 1}, {16, 16, 14, 3, 1},
+                                  {16, 32, 7, 3, 1},  {32, 32, 7, 3, 1}, {3, 16, 32, 3, 1}, {16, 16, 32, 3, 1},
+                                  {64, 64, 8, 3, 1},  {8, 16, 28, 3, 2}, {16, 32, 14, 3, 2}, {8, 16, 28, 1, 2},
+                                  {16, 32, 14, 1, 2}, {32, 64, 16, 1, 2}};
+  for (const auto& [c, k, hw, kernel, stride] : shapes) {
     const auto o = torch::TensorOptions().dtype(torch::kFloat);
     // A stem (1-3 channels: images) has no input gradient to compute; every other convolution has.
     const bool stem = c <= 3;
-    const torch::Tensor x = torch::randn({32, c, hw, hw}, o).requires_grad_(!stem), w = torch::randn({k, c, 3, 3}, o).requires_grad_();
-    torch::conv2d(x, w, {}, 1, 1).sum().backward();  // warm-up: oneDNN's primitive cache
+    const int64_t pad = kernel / 2;
+    const torch::Tensor x = torch::randn({32, c, hw, hw}, o).requires_grad_(!stem),
+                        w = torch::randn({k, c, kernel, kernel}, o).requires_grad_();
+    torch::conv2d(x, w, {}, stride, pad).sum().backward();  // warm-up: oneDNN's primitive cache
     if (!stem) x.mutable_grad() = torch::Tensor();
     w.mutable_grad() = torch::Tensor();
     int64_t before = probes::AccountingAllocator::current();
     probes::AccountingAllocator::reset_peak();
-    const torch::Tensor y = torch::conv2d(x, w, {}, 1, 1);
+    const torch::Tensor y = torch::conv2d(x, w, {}, stride, pad);
     const int64_t out_bytes = y.numel() * 4, in_bytes = x.numel() * 4;
     const int64_t forward = probes::AccountingAllocator::peak() - before - out_bytes;
     const torch::Tensor g = torch::ones_like(y);
@@ -82,9 +90,27 @@ json conv_workspace() {
     probes::AccountingAllocator::reset_peak();
     y.backward(g);
     const int64_t backward = probes::AccountingAllocator::peak() - before - (stem ? 0 : in_bytes) - w.numel() * 4;
-    out.push_back({{"in_channels", c}, {"out_channels", k}, {"input_gradient", !stem}, {"input_bytes", in_bytes}, {"output_bytes", out_bytes},
-                   {"forward_bytes", std::max<int64_t>(0, forward)},
+    out.push_back({{"in_channels", c}, {"out_channels", k}, {"kernel", kernel}, {"stride", stride}, {"input_gradient", !stem},
+                   {"input_bytes", in_bytes}, {"output_bytes", out_bytes}, {"forward_bytes", std::max<int64_t>(0, forward)},
                    {"backward_bytes", std::max<int64_t>(0, backward)}});
+  }
+  return out;
+}
+
+// What a CPU batch norm's backward (training mode) allocates beyond its input's gradient: a temporary
+// the size of its input, on these shapes. The planner scales it by each batch norm's input bytes.
+json batch_norm_workspace() {
+  json out = json::array();
+  for (const auto& [c, hw] : std::vector<std::pair<int64_t, int64_t>>{{8, 28}, {16, 14}, {64, 8}}) {
+    torch::nn::BatchNorm2d bn(c);
+    const torch::Tensor x = torch::randn({32, c, hw, hw}).requires_grad_();
+    const torch::Tensor y = bn->forward(x), g = torch::ones_like(y);
+    const int64_t before = probes::AccountingAllocator::current();
+    probes::AccountingAllocator::reset_peak();
+    y.backward(g);
+    const int64_t in_bytes = x.numel() * 4, params = 2 * c * 4;
+    out.push_back({{"channels", c}, {"input_bytes", in_bytes},
+                   {"backward_bytes", std::max<int64_t>(0, probes::AccountingAllocator::peak() - before - in_bytes - params)}});
   }
   return out;
 }
@@ -381,7 +407,10 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
           if (!g.contains("skipped") && device == "cpu") g["workspace"] = gemm_workspace(dtype);
           metrics["hardware"]["gemm"].push_back(g);
         }
-        if (device == "cpu") metrics["hardware"]["conv_workspace"] = conv_workspace();
+        if (device == "cpu") {
+          metrics["hardware"]["conv_workspace"] = conv_workspace();
+          metrics["hardware"]["batch_norm_workspace"] = batch_norm_workspace();
+        }
       } else if (config.kind == "memory-bandwidth") {
         metrics["hardware"]["memory"] = suites::memory_bandwidth(device);
       } else if (config.kind == "copy-bandwidth") {

@@ -50,7 +50,7 @@ const std::unordered_set<std::string>& dispatch_only() {
       "_batch_norm_impl_index_backward", "conv2d", "convolution", "_convolution", "dropout", "softmax", "log_softmax",
       "cross_entropy_loss", "nll_loss", "nll_loss_nd", "scaled_dot_product_attention", "embedding", "_to_copy", "clone",
       "einsum", "zeros", "zeros_like", "ones_like", "full", "new_empty", "new_zeros", "new_empty_strided", "type_as",
-      "_foreach_add_", "_has_compatible_shallow_copy_type"};
+      "_has_compatible_shallow_copy_type"};
   return k;
 }
 
@@ -156,8 +156,8 @@ OperatorTimeProbe::~OperatorTimeProbe() {
 
 void OperatorTimeProbe::phase(const StepInfo& s, int next) {
   const double t = now_s();
-  if (s.measured && !profiled_ && next > 0) current_[static_cast<size_t>(next - 1)] = t - mark_[0];
-  mark_[0] = t;
+  if (s.measured && !profiled_ && next > 0) current_[static_cast<size_t>(next - 1)] = t - mark_;
+  mark_ = t;
   g_phase = s.measured && profiled_ && next < 3 ? next : -1;
 }
 

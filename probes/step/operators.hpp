@@ -42,7 +42,7 @@ class OperatorTimeProbe : public Probe {
   uint64_t handle_ = 0;
   bool profiled_ = false;               // this step runs the callbacks
   int64_t profiled_steps_ = 0;
-  std::array<double, 3> mark_{};        // the current phase's start (s)
+  double mark_ = 0;                     // the current phase's start (s)
   std::vector<std::array<double, 3>> walls_;  // unprofiled measured steps: forward, backward, optimizer
   std::array<double, 3> current_{};
 };

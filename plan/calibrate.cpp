@@ -21,9 +21,16 @@ void calibrate_in_step(DeviceProfile& d, const json& report) {
   const DeviceProfile raw = d;  // predictions at the measured rates, before any calibration
   std::map<std::string, Sums> by_dtype;
   for (const auto& cell : report.value("cells", json::array())) {
-    if (cell.value("status", "") != "ok") continue;
-    const json ops = cell.value("metrics", json::object()).value("operators", json());
-    if (!ops.is_object() || !ops.contains("phase_wall_s") || !ops["phase_wall_s"]["forward"].is_number()) continue;
+    if (cell.value("status", "") != "ok" || !cell.value("metrics", json()).is_object()) continue;
+    // A section this build did not write (or a damaged one) calibrates nothing.
+    const json ops = cell["metrics"].value("operators", json());
+    const json walls = ops.is_object() ? ops.value("phase_wall_s", json()) : json();
+    const json self = ops.is_object() ? ops.value("self_s", json()) : json();
+    auto number = [](const json& o, const std::string& k) { return o.is_object() && o.contains(k) && o[k].is_number(); };
+    if (!number(walls, "forward") || !number(walls, "backward") || !number(walls, "optimizer") || !self.is_object() ||
+        !self.value("forward", json()).is_object() || !self.value("backward", json()).is_object())
+      continue;
+    auto seconds = [&number](const json& o, const std::string& k) { return number(o, k) ? o[k].get<double>() : 0.0; };
     RunConfig c;
     StepSetup setup;
     MemoryPrediction m;
@@ -39,11 +46,10 @@ void calibrate_in_step(DeviceProfile& d, const json& report) {
     const std::string dtype = raw.has(setup.replay.num.gemm_dtype) ? setup.replay.num.gemm_dtype : "fp32";
     Sums& s = by_dtype[dtype];
     s.cells.push_back(cell.value("name", ""));
-    const json& self = ops["self_s"];
     double kernels_forward = 0, kernels_backward = 0;
     for (const auto& [kind, fb] : t.breakdown.items()) {
       if (kind == "per_operator") continue;
-      const double mf = self["forward"].value(kind, 0.0), mb = self["backward"].value(kind, 0.0);
+      const double mf = seconds(self["forward"], kind), mb = seconds(self["backward"], kind);
       s.measured[kind].first += mf;
       s.measured[kind].second += mb;
       s.predicted[kind].first += fb.value("forward_s", 0.0);
@@ -53,10 +59,10 @@ void calibrate_in_step(DeviceProfile& d, const json& report) {
     }
     // Whatever the steps did outside the kinds the replay costs (dispatch, autograd's nodes, kernels
     // it has no kind for) is the per-operator cost.
-    s.outside_forward += std::max(0.0, ops["phase_wall_s"]["forward"].get<double>() - kernels_forward);
-    s.outside_backward += std::max(0.0, ops["phase_wall_s"].value("backward", 0.0) - kernels_backward);
+    s.outside_forward += std::max(0.0, walls["forward"].get<double>() - kernels_forward);
+    s.outside_backward += std::max(0.0, walls["backward"].get<double>() - kernels_backward);
     s.operators += t.breakdown["per_operator"].value("operators", 0.0);
-    s.optimizer_measured += ops["phase_wall_s"].value("optimizer", 0.0);
+    s.optimizer_measured += walls["optimizer"].get<double>();
     s.optimizer_predicted += t.optimizer_s;
   }
   for (const auto& [dtype, s] : by_dtype) {

@@ -104,6 +104,19 @@ TEST(Plan, CheckPredictsEveryCellsMemoryOfAFreshRun) {
     EXPECT_NEAR(t["optimizer_s"].get<double>(), measured_ops["phase_wall_s"]["optimizer"].get<double>(), 1e-12);
   }
   EXPECT_EQ(rows, 1);
+  // A damaged calibration section calibrates nothing, and says nothing false: the plan still runs.
+  json damaged = hw_report;
+  for (auto& c : damaged["cells"])
+    if (c["name"] == "calibration/gpt/32-true") c["metrics"]["operators"]["self_s"] = "not a table";
+  const std::string hw_damaged = tmp("plan_check_hw_damaged");
+  sh("rm -rf " + hw_damaged + " && mkdir -p " + hw_damaged);
+  std::ofstream(hw_damaged + "/report.json") << damaged.dump();
+  const Result uncalibrated = ts("plan --check " + hw + " --hardware " + hw_damaged + " --format json");
+  ASSERT_EQ(uncalibrated.code, 0) << uncalibrated.out;
+  for (const auto& row : json::parse(uncalibrated.out)["cells"].get<std::vector<json>>())
+    if (row["cell"] == "calibration/gpt/32-true") {
+      EXPECT_TRUE(row["predicted"]["time"]["in_step"].is_null()) << row.dump();
+    }
 
   std::ifstream md_file(out + "/report.md");
   const std::string md((std::istreambuf_iterator<char>(md_file)), std::istreambuf_iterator<char>());

@@ -2,8 +2,8 @@
 // In-step calibration of a CPU profile (docs/plan.md, "Step time"). On a CPU the hardware suite's
 // rates, measured on operators run alone, are not what the same operators achieve between the step's
 // others (1.3-3.5x slower there: operands out of cache, intra-op threads woken for each, strided copies).
-// The hardware suite therefore also trains a few calibration models (shapes of their own, none a
-// suite's) with `operator_times` on: the self time of each operator kind inside their steps. Per GEMM
+// The hardware suite therefore also trains a few calibration models (shapes no planned cell has)
+// with `operator_times` on: the self time of each operator kind inside their steps. Per GEMM
 // dtype and kind, the planner divides what those steps took by what this profile predicts for the
 // same cells; what the steps spent outside any kernel, over the operators the replay counts, is the
 // per-operator (forward) and per-node (backward) cost; the optimizer's phase over its prediction is

@@ -4,7 +4,9 @@
 #include <sstream>
 
 #include "core/errors.hpp"
+#include "core/layout.hpp"
 #include "core/model_shape.hpp"
+#include "core/precision.hpp"
 #include "core/units.hpp"
 
 namespace trainscope {
@@ -54,19 +56,36 @@ const std::vector<KeySpec>& config_keys() {
       {"data", KeyKind::Choice, {"auto", "fashion-mnist", "synthetic-images", "synthetic-tokens", "text"},
        "auto", "data source; auto: Fashion-MNIST for image models, synthetic tokens for GPT, text for Llama; text: "
        "English from Debian's fortunes as byte-level tokens (vocab >= 256)"},
-      {"precision", KeyKind::Choice,
-       {"32-true", "tf32", "bf16-mixed", "16-mixed", "16-mixed-noscale", "bf16-true", "64-true", "fp8"}, "32-true",
-       "numeric precision (Lightning's names; 16-mixed is emulated on CPU unless fp16 = autocast; 64-true: fp64 "
-       "reference; fp8: e4m3 Linear GEMMs through at::_scaled_mm on sm89+, bf16 elsewhere)"},
+      {"precision", KeyKind::Choice, precision_names(), "32-true",
+       "numeric precision (Lightning's names, and bf16-master: bf16 weights cast from fp32 masters as FSDP2, DeepSpeed "
+       "and Megatron train; core/precision.hpp's table says what each stores and computes in; 16-mixed is emulated on "
+       "CPU unless fp16 = autocast; fp8: e4m3 Linear GEMMs through at::_scaled_mm on sm89+)"},
+      {"reduce_dtype", KeyKind::Choice, {"fp32", "bf16"}, "fp32",
+       "bf16-master: the dtype gradients are reduced across ranks and accumulated in (fp32: FSDP2's "
+       "MixedPrecisionPolicy(reduce_dtype=float32); bf16: DeepSpeed's default communication)"},
+      {"reshard_after_forward", KeyKind::String, {}, "true",
+       "zero3, hsdp: free a block's gathered parameters after its forward and gather them again for backward (true), "
+       "keep them until backward (false), or keep a 1/r slice and gather over r ranks in backward (an integer r), as FSDP2's "
+       "fully_shard"},
       {"fp16", KeyKind::Choice, {"auto", "emulated", "autocast"}, "auto",
        "16-mixed on CPU: emulated (fp16 rounding at block boundaries, fp32 speed) or autocast (real fp16 kernels, "
        "~100x slower without AVX512-FP16); auto: emulated on CPU, real on CUDA"},
       {"fp8_scaling", KeyKind::Choice, {"current", "delayed"}, "current",
        "fp8: per-tensor scale from this step's amax (current) or from the largest of the last 16 steps' (delayed)"},
       {"parallel", KeyKind::Choice, {"single", "ddp", "zero1", "zero2", "zero3", "hsdp"}, "single",
-       "parallel strategy: single process, DDP (c10d reducer), ZeRO-1/2/3 (3 = FSDP-style full sharding), hsdp "
-       "(hybrid: zero3 within a node, gradients all-reduced across nodes)"},
-      {"world_size", KeyKind::Int, {}, 1, "number of ranks (batch_size is per rank)", 1},
+       "data-parallel strategy over the ranks tp x pp x cp leave: single process, DDP (c10d reducer), ZeRO-1/2/3 "
+       "(3 = FSDP-style full sharding), hsdp (zero3 within a node, gradients all-reduced across nodes); the shorthand "
+       "for the layout's dp_replicate and dp_shard"},
+      {"world_size", KeyKind::Int, {}, 1,
+       "number of ranks (batch_size is per data-parallel rank); 1 with a layout given: the layout's product", 1},
+      {"dp_replicate", KeyKind::Int, {}, 1, "layout: copies of the model state (DDP; HSDP's replicas)", 1},
+      {"dp_shard", KeyKind::Int, {}, 1, "layout: ranks one copy of the model state is sharded over (FSDP; zero1/2 by parallel)", 1},
+      {"tp", KeyKind::Int, {}, 1, "layout: tensor-parallel ranks each layer is split over", 1},
+      {"pp", KeyKind::Int, {}, 1, "layout: pipeline stages", 1},
+      {"cp", KeyKind::Int, {}, 1, "layout: context-parallel ranks the sequence is split over", 1},
+      {"layout", KeyKind::String, {}, "",
+       "the layout's degrees at once: dimensions joined by '-' (dp_shard4-tp2, dp_replicate2-dp_shard2; -zero1 or -zero2 "
+       "for a lighter sharding), or single; empty: the degree keys and parallel"},
       {"backend", KeyKind::Choice, {"auto", "gloo", "nccl"}, "auto", "collectives: auto = NCCL on CUDA, Gloo on CPU"},
       {"bucket_mb", KeyKind::Float, {}, 25.0, "ddp: gradient bucket size in MiB", 0},
       {"prefetch", KeyKind::Bool, {}, true, "zero3, hsdp: all-gather the next block's parameters while the current one computes"},
@@ -82,7 +101,9 @@ const std::vector<KeySpec>& config_keys() {
        "write <cell>.parity.pt (initial and final parameters, batches, RNG state, first gradients) for `trainscope parity`"},
       {"initial_parameters", KeyKind::String, {}, "",
        "start from the parameters in this file (torch.save of a name -> tensor dict, or a parity dump); empty: from the seed"},
-      {"checkpoint", KeyKind::String, {}, "none", "activation checkpointing: none, full, every:<k>, selective"},
+      {"checkpoint", KeyKind::String, {}, "none",
+       "activation checkpointing: none, full, every:<k>, selective (the attention core recomputed), selective-op "
+       "(torchtitan's op-level policy: matmul and attention outputs kept, every second matmul and the rest recomputed)"},
       {"checkpoint_check", KeyKind::Bool, {}, false,
        "compare every recomputed block output with the original (determinism check)"},
       {"dropout", KeyKind::Float, {}, 0.0, "dropout probability in the GPT blocks (Llama 3 has none)", 0},
@@ -217,7 +238,14 @@ json validate_value(const std::string& key, const json& value) {
         int64_t every = 1;
         if (!parse_checkpoint(value.get<std::string>(), kind, every))
           throw UsageError("unknown checkpoint '" + value.get<std::string>() +
-                           "' (allowed: none, full, every:<k>, selective)");
+                           "' (allowed: none, full, every:<k>, selective, selective-op)");
+      }
+      if (key == "layout" && !value.get<std::string>().empty()) parse_layout(value.get<std::string>());
+      if (key == "reshard_after_forward") {
+        const std::string v = value.get<std::string>();
+        const bool number = !v.empty() && v.size() < 7 && v.find_first_not_of("0123456789") == std::string::npos && std::stoll(v) >= 1;
+        if (v != "true" && v != "false" && !number)
+          throw UsageError("bad value '" + v + "' for 'reshard_after_forward': expected true, false or a group size >= 1");
       }
       if (key == "memory_budget") {
         double bytes = 0;
@@ -317,10 +345,18 @@ static void for_each_field(Config& c, Visit&& v) {
   v("attention", c.attention);
   v("data", c.data);
   v("precision", c.precision);
+  v("reduce_dtype", c.reduce_dtype);
+  v("reshard_after_forward", c.reshard_after_forward);
   v("fp16", c.fp16);
   v("fp8_scaling", c.fp8_scaling);
   v("parallel", c.parallel);
   v("world_size", c.world_size);
+  v("dp_replicate", c.dp_replicate);
+  v("dp_shard", c.dp_shard);
+  v("tp", c.tp);
+  v("pp", c.pp);
+  v("cp", c.cp);
+  v("layout", c.layout);
   v("backend", c.backend);
   v("bucket_mb", c.bucket_mb);
   v("prefetch", c.prefetch);
@@ -400,13 +436,24 @@ RunConfig RunConfig::from_json(const json& j) {
   json merged = c.to_json();
   for (auto it = j.begin(); it != j.end(); ++it) merged[it.key()] = validate_value(it.key(), it.value());
   for_each_field(c, [&](const char* key, auto& field) { merged.at(key).get_to(field); });
-  resolve_model(c);  // an unknown model or inconsistent dimensions: one line, before anything runs
+  const ModelShape model = resolve_model(c);  // an unknown model or inconsistent dimensions: one line, before anything runs
+  // A layout given by its degrees sets the world size it needs; one that disagrees with a world size
+  // given too, or that the model cannot take, is an error here.
+  const bool layout_given = !c.layout.empty() || c.dp_replicate * c.dp_shard * c.tp * c.pp * c.cp > 1;
+  if (layout_given && c.parallel == "single" && c.world_size == 1) c.world_size = given_layout(c).world();
+  if (layout_given || c.parallel != "single") {
+    const ParallelLayout layout = resolve_layout(c);
+    check_layout_fits(layout, model);
+    if (const std::string why = layout_unsupported(layout); !why.empty()) throw UsageError(why);
+  }
+  if (c.reduce_dtype != "fp32" && precision_traits(c.precision).master.empty())
+    throw UsageError("reduce_dtype = " + c.reduce_dtype + " applies to precisions with fp32 masters (bf16-master), not " + c.precision);
   return c;
 }
 
 bool parse_checkpoint(const std::string& text, std::string& kind, int64_t& every) {
   every = 1;
-  if (text == "none" || text == "full" || text == "selective") {
+  if (text == "none" || text == "full" || text == "selective" || text == "selective-op") {
     kind = text;
     return true;
   }
@@ -454,6 +501,8 @@ std::string axis_label(const std::string& key, const json& value) {
   if (key == "batch_size") return "bs" + v;
   if (key == "checkpoint") return "ckpt-" + v;
   if (key == "world_size") return "ws" + v;
+  if (key == "layout") return v;
+  if (key == "dp_replicate" || key == "dp_shard" || key == "tp" || key == "pp" || key == "cp") return key + v;
   if (key == "steps") return "steps" + v;
   if (key == "seed") return "seed" + v;
   std::ostringstream out;

@@ -48,11 +48,16 @@ struct RunConfig {
   double norm_eps = 0;
   std::string attention = "auto";  // eager | sdpa | auto (core/model_shape.hpp: resolve_attention)
   std::string data = "auto";  // auto: the model's natural data (see suites/models/data.hpp)
-  std::string precision = "32-true";
+  std::string precision = "32-true";  // a row of core/precision.hpp's table
+  std::string reduce_dtype = "fp32";  // bf16-master: the dtype gradients are reduced and accumulated in
+  std::string reshard_after_forward = "true";  // zero3/hsdp: true, false, or a group size (FSDP2's)
   std::string fp16 = "auto";  // 16-mixed on CPU: emulated | autocast (auto: emulated on CPU)
   std::string fp8_scaling = "current";  // fp8: current | delayed (amax history)
-  std::string parallel = "single";
+  std::string parallel = "single";  // the data-parallel shorthand (core/layout.hpp)
   int64_t world_size = 1;  // ranks; batch_size is per rank, the global batch is world_size x batch_size
+  // The parallel layout's degrees (core/layout.hpp), or all of them at once as `layout` ("dp_shard2-tp2").
+  int64_t dp_replicate = 1, dp_shard = 1, tp = 1, pp = 1, cp = 1;
+  std::string layout;
   std::string backend = "auto";
   double bucket_mb = 25.0;
   bool prefetch = true;
@@ -111,8 +116,8 @@ struct RunConfig {
   static RunConfig from_json(const json& j);
 };
 
-// The checkpoint policy grammar: none | full | selective | every:<k> with k >= 1. False on anything
-// else; `every` gets k (1 for the other policies).
+// The checkpoint policy grammar: none | full | selective | selective-op | every:<k> with k >= 1. False on
+// anything else; `every` gets k (1 for the other policies).
 bool parse_checkpoint(const std::string& text, std::string& kind, int64_t& every);
 
 // "0.01,0.1,1" -> {0.01, 0.1, 1}; false unless every item is a number in (0, 1].

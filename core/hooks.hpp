@@ -25,14 +25,14 @@ struct RunInfo {
   std::string flops_convention;
   double causal_flops_per_sample = 0;
   double recompute_flops_per_sample = 0;  // forward FLOPs that activation checkpointing repeats
+  double attention_flops_per_sample = 0;  // of flops_per_sample, the attention core's (the rest: linear layers)
   int64_t tokens_per_sample = 0;     // 0 for non-sequence models
-  double peak_flops_per_s = 0;       // measured GEMM peak of the compute dtype; 0 when unknown
-  std::string peak_source;           // how the peak was obtained
+  std::string compute_dtype;         // the dtype the GEMMs run in (core/precision.hpp: compute_dtype)
   int64_t rank = 0, world_size = 1;
   std::string collectives;           // how the collectives are implemented ("" on one rank)
 };
 
-// One collective the parallel layer ran (DESIGN.md: collective begin/end). `bytes` follows
+// One collective the parallel layer ran (the hooks collective begin/end). `bytes` follows
 // nccl-tests: the per-rank buffer for all-reduce and broadcast, the full (gathered) buffer for
 // all-gather and reduce-scatter.
 struct CollectiveInfo {
@@ -88,7 +88,7 @@ class BlockObserver {
   virtual void gradient(int64_t step, const std::string& block, const at::Tensor& g) = 0;
 };
 
-// Model-state bytes (DESIGN.md's memory definition), measured from the live tensors.
+// Model-state bytes (docs/metrics.md#memory), measured from the live tensors.
 struct ModelStateBytes {
   int64_t params = 0, grads = 0, optimizer = 0;
   int64_t expected = 0;  // analytic (ZeRO paper): parameters + gradients + optimizer states per rank

@@ -1,5 +1,5 @@
 #pragma once
-// Summary statistics of a sample (step times and the like), as DESIGN.md defines them.
+// Summary statistics of a sample (step times and the like), as docs/metrics.md defines them.
 #include <cstdint>
 #include <vector>
 

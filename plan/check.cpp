@@ -67,9 +67,15 @@ json check_report(const json& report, const json& hardware) {
     StepSetup setup;
     try {
       setup = setup_for(c, cuda);
-      // hsdp's default shard group is a node's ranks: the cell's first node says how many.
-      if (setup.strategy == "hsdp" && setup.shard == 0 && cell.contains("nodes") && !cell["nodes"].empty())
-        setup.shard = static_cast<int64_t>(cell["nodes"][0].value("ranks", json::array()).size());
+      // The layout the run settled (hsdp's shard group is a node's ranks); older reports: the cell's
+      // first node says how many ranks a node held.
+      if (cell.contains("layout") && cell["layout"].is_object()) {
+        setup.layout.dp_replicate = cell["layout"].value("dp_replicate", setup.layout.dp_replicate);
+        setup.layout.dp_shard = cell["layout"].value("dp_shard", setup.layout.dp_shard);
+      } else if (setup.strategy() == "hsdp" && cell.contains("nodes") && !cell["nodes"].empty()) {
+        const int64_t node = static_cast<int64_t>(cell["nodes"][0].value("ranks", json::array()).size());
+        if (node > 0 && setup.world() % node == 0) setup.layout.dp_replicate = setup.world() / node, setup.layout.dp_shard = node;
+      }
       p = predict_memory(setup);
     } catch (const UsageError& e) {
       row["skipped"] = e.what();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/devices.hpp"
 #include "core/errors.hpp"
 #include "plan/calibrate.hpp"
 
@@ -123,76 +124,47 @@ json DeviceProfile::to_json() const {
 
 namespace {
 
-struct Sheet {
-  const char* name;
-  double memory_gb;  // HBM capacity, 1e9 bytes
-  double fp32, tf32, bf16, fp8;  // dense TFLOPS
-  double hbm_gbps;
-  double nvlink_gbps;  // per direction per GPU
-  double network_gbps;  // per GPU across nodes (one NIC per GPU)
-};
-
-// NVIDIA's and AMD's datasheets, dense (half of the "with sparsity" figures); NVLink per direction
-// (half the bidirectional figure); one 400 Gb/s NIC per GPU across nodes (DGX / HGX systems).
-const std::vector<Sheet>& sheets() {
-  static const std::vector<Sheet> s = {
-      {"H100-SXM", 80, 67, 494.5, 989, 1979, 3350, 450, 50},
-      {"H100-PCIe", 80, 51, 378, 756, 1513, 2000, 300, 50},
-      {"H200", 141, 67, 494.5, 989, 1979, 4800, 450, 50},
-      {"A100-80GB", 80, 19.5, 156, 312, 0, 2039, 300, 25},
-      {"A100-40GB", 40, 19.5, 156, 312, 0, 1555, 300, 25},
-      {"B200", 180, 0, 1100, 2250, 4500, 8000, 900, 50},
-      {"MI300X", 192, 163.4, 653.7, 1307.4, 2614.9, 5300, 448, 50},
-  };
-  return s;
-}
-
 Curve flat(double v) { return Curve{{{1.0, v}}}; }
 
 }  // namespace
 
-std::vector<std::string> datasheet_devices() {
-  std::vector<std::string> out;
-  for (const auto& s : sheets()) out.push_back(s.name);
-  return out;
-}
+std::vector<std::string> datasheet_devices() { return device_keys(); }
 
 DeviceProfile datasheet_profile(const std::string& name) {
-  for (const auto& s : sheets()) {
-    if (name != s.name) continue;
-    DeviceProfile d;
-    d.name = s.name;
-    d.source = "datasheet";
-    d.gpu = true;
-    d.memory_bytes = static_cast<int64_t>(s.memory_gb * 1e9);
-    // Achievable fractions of the dense peak: PyTorch's runtime estimator presets (0.75 for 16-bit,
-    // 0.5 for fp32 on H100); fp8 as 16-bit. Memory-bound kernels at 80% of HBM bandwidth.
-    const std::vector<std::tuple<const char*, double, double>> dtypes = {
-        {"fp32", s.fp32, 0.5}, {"tf32", s.tf32, 0.5}, {"bf16", s.bf16, 0.75}, {"fp16", s.bf16, 0.75}, {"fp8", s.fp8, 0.75}};
-    for (const auto& [dt, tf, eff] : dtypes) {
-      if (tf <= 0) continue;
-      d.peak_flops[dt] = tf * 1e12;
-      d.gemm_rate[dt] = tf * 1e12 * eff;
-    }
-    d.bandwidth = flat(s.hbm_gbps * 1e9 * 0.8);
-    // Within a node: NVLink at 80% (nccl-tests' bus bandwidth on NVLink systems), 10 us per
-    // collective; across nodes: the NIC at 80%, 20 us.
-    for (const char* op : {"all-reduce", "all-gather", "reduce-scatter"}) d.busbw[op] = flat(s.nvlink_gbps * 1e9 * 0.8);
-    d.latency_s = 10e-6;
-    d.inter_busbw = s.network_gbps * 1e9 * 0.8;
-    d.inter_latency_s = 20e-6;
-    d.op_overhead_s = 0;  // launches are asynchronous: hidden behind kernels of these sizes
-    d.sources = {{"memory", "datasheet capacity"},
-                 {"gemm", "datasheet dense peak x 0.75 (16-bit, fp8) or 0.5 (fp32, tf32): PyTorch's runtime-estimator presets"},
-                 {"bandwidth", "datasheet HBM x 0.8 (assumed)"},
-                 {"intra_node", "NVLink per direction x 0.8, 10 us per collective (assumed)"},
-                 {"inter_node", "one 400 Gb/s NIC per GPU x 0.8, 20 us per collective (assumed)"},
-                 {"peak", "datasheet dense peak (MFU is against it)"}};
-    return d;
+  const DeviceFacts* f = find_device(name);
+  if (!f) {
+    std::string known;
+    for (const auto& n : datasheet_devices()) known += (known.empty() ? "" : ", ") + n;
+    throw UsageError("plan: unknown device '" + name + "' (datasheet: " + known +
+                     "; --device-file FILE for another, or --hardware DIR with a measured report)");
   }
-  std::string known;
-  for (const auto& n : datasheet_devices()) known += (known.empty() ? "" : ", ") + n;
-  throw UsageError("plan: unknown device '" + name + "' (datasheet: " + known + "; or --hardware DIR with a measured report)");
+  DeviceProfile d;
+  d.name = f->key;
+  d.source = "datasheet";
+  d.gpu = true;
+  d.memory_bytes = static_cast<int64_t>(f->memory_bytes);
+  // Achievable fractions of the dense peak: PyTorch's runtime estimator presets (0.75 for 16-bit,
+  // 0.5 for fp32 on H100); fp8 as 16-bit. Memory-bound kernels at 80% of HBM bandwidth.
+  for (const auto& [dt, peak] : f->peak_flops) {
+    const double eff = dt == "fp32" || dt == "tf32" || dt == "fp64" ? 0.5 : 0.75;
+    d.peak_flops[dt] = peak;
+    d.gemm_rate[dt] = peak * eff;
+  }
+  d.bandwidth = flat(f->hbm_bytes_per_s * 0.8);
+  // Within a node: the GPU link at 80% (nccl-tests' bus bandwidth on NVLink systems), 10 us per
+  // collective; across nodes: the NIC at 80%, 20 us.
+  for (const char* op : {"all-reduce", "all-gather", "reduce-scatter"}) d.busbw[op] = flat(f->link_bytes_per_s * 0.8);
+  d.latency_s = 10e-6;
+  d.inter_busbw = (f->network_bytes_per_s > 0 ? f->network_bytes_per_s : 50e9) * 0.8;
+  d.inter_latency_s = 20e-6;
+  d.op_overhead_s = 0;  // launches are asynchronous: hidden behind kernels of these sizes
+  d.sources = {{"memory", "datasheet capacity (" + f->variant + ")"},
+               {"gemm", "datasheet dense peak x 0.75 (16-bit, fp8) or 0.5 (fp32, tf32): PyTorch's runtime-estimator presets"},
+               {"bandwidth", "datasheet HBM x 0.8 (assumed)"},
+               {"intra_node", f->link + " per direction x 0.8, 10 us per collective (assumed)"},
+               {"inter_node", "one NIC per GPU x 0.8, 20 us per collective (assumed)"},
+               {"peak", "datasheet dense peak (MFU is against it): " + f->source}};
+  return d;
 }
 
 DeviceProfile measured_profile(const json& report, const std::string& source) {

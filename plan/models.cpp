@@ -5,34 +5,23 @@
 #include <numeric>
 
 #include "core/errors.hpp"
+#include "core/precision.hpp"
 
 namespace trainscope::plan {
 
-Numerics numerics_of(const std::string& precision, bool cuda) {
+Numerics numerics_of(const std::string& precision, bool cuda, const std::string& reduce_dtype) {
+  const PrecisionTraits& t = precision_traits(precision);
   Numerics n;
-  if (precision == "32-true") return n;
-  if (precision == "tf32") {
-    n.gemm_dtype = "tf32";
-    return n;
-  }
-  if (precision == "bf16-mixed") {
-    n.autocast = true;
-    n.gemm_dtype = "bf16";
-  } else if (precision == "16-mixed" || precision == "16-mixed-noscale") {
-    n.scaler = precision == "16-mixed";
-    n.fp16_emulated = !cuda;  // the CPU default (fp16 = auto): fp32 compute rounded through fp16
-    n.autocast = cuda;
-    n.gemm_dtype = cuda ? "fp16" : "fp32";
-  } else if (precision == "bf16-true") {
-    n.param = 2;
-    n.gemm_dtype = "bf16";
-  } else if (precision == "fp8") {
-    n.autocast = true;
-    n.fp8 = true;
-    n.gemm_dtype = "fp8";
-  } else {
-    throw UsageError("unknown precision '" + precision + "'");
-  }
+  n.precision = precision;
+  n.param = dtype_bytes(t.params);
+  n.master = t.master.empty() ? 0 : dtype_bytes(t.master);
+  n.reduce = dtype_bytes(t.master.empty() ? t.reduce : reduce_dtype);
+  n.fp16_emulated = fp16_emulated(t, cuda);
+  n.autocast = !t.autocast.empty() && !n.fp16_emulated;
+  n.low = t.autocast.empty() ? 2 : dtype_bytes(t.autocast);
+  n.scaler = t.loss_scaler;
+  n.fp8 = t.fp8_linear;
+  n.gemm_dtype = compute_dtype(t, cuda);
   return n;
 }
 
@@ -95,8 +84,40 @@ struct Net {
     const T xc = lower(x), wc = lower(w);
     const T bc = b ? lower(*b) : T();
     // Backward: the input gradient's GEMM (inner dimension out) and the weight's (inner dimension rows).
-    return t.op({&xc, &wc, b ? &bc : nullptr}, rows * out, xc.elem, {&xc, &wc}, false, 0, gemm_cost(rows, out, in),
-                workspace(xc.elem, in), std::max(workspace(xc.elem, out), workspace(xc.elem, rows)));
+    const int64_t backward_ws = std::max(workspace(xc.elem, out), workspace(xc.elem, rows));
+    const bool keep = sac_keeps_linear(b != nullptr);
+    if (keep && t.sac->recompute) return t.served({&xc, &wc, b ? &bc : nullptr}, served()[0], {&xc, &wc}, backward_ws);
+    T y = t.op({&xc, &wc, b ? &bc : nullptr}, rows * out, xc.elem, {&xc, &wc}, false, 0, gemm_cost(rows, out, in),
+               workspace(xc.elem, in), backward_ws);
+    if (keep) t.sac->kept.push_back({y});
+    return y;
+  }
+  // selective-op (suites/techniques/checkpoint.cpp: sac_linear): a biased linear (addmm) is kept, an
+  // unbiased one (mm) every second time, counting from the block's first.
+  bool sac_keeps_linear(bool biased) {
+    if (!t.sac) return false;
+    return biased || ++t.sac->mm % 2 == 1;
+  }
+  const std::vector<T>& served() { return t.sac->kept.at(t.sac->next++); }
+  // A batched matmul of attention (bmm, selective-op keeps it): a x b over `saved` operands.
+  T bmm(const T& a, const T& b, int64_t out, const OpCost& cost) {
+    if (t.sac && t.sac->recompute) return t.served({&a, &b}, served()[0], {&a, &b});
+    T y = t.op({&a, &b}, out, a.elem, {&a, &b}, false, 0, cost);
+    if (t.sac) t.sac->kept.push_back({y});
+    return y;
+  }
+  // The fused attention kernel: saves q, k, v, its output and the fp32 log-sum-exp; selective-op keeps
+  // the output and log-sum-exp where the kernel is flash without dropout, on a CPU or without grouped
+  // K/V on a GPU (sac_attention).
+  T attention(const T& q, const T& k, const T& v, int64_t out, int64_t lse, const OpCost& cost, bool grouped, double dropout) {
+    const bool keep = t.sac && dropout <= 0 && !(r.cuda && grouped);
+    if (keep && t.sac->recompute) {
+      const std::vector<T>& kept = served();
+      return t.served({&q, &k, &v}, kept[0], {&q, &k, &v, &kept[0], &kept[1]});
+    }
+    T y = t.op({&q, &k, &v}, out, q.elem, {&q, &k, &v}, true, lse, cost);
+    if (keep) t.sac->kept.push_back({y, t.data(lse / 4, 4)});
+    return y;
   }
   // A copy making a strided view contiguous (matmul's reshape of a permuted operand, .contiguous()).
   T copy(const T& x) { return t.op({&x}, x.numel, x.elem, {}, false, 0, ew(2 * x.bytes())); }
@@ -159,8 +180,7 @@ T gpt_block(Net& n, const T& x, const GptBlockParams& p, bool selective) {
     const int e = packed.elem;
     if (sdpa) {
       // The fused kernel saves q, k, v (views of qkv), its output and the log-sum-exp (fp32).
-      const T out = t.op({&q, &k, &v}, N * D, e, {&q, &k, &v}, true, B * H * S * 4,
-                         attention_cost(S, D / H, B * H));
+      const T out = n.attention(q, k, v, N * D, B * H * S * 4, attention_cost(S, D / H, B * H), false, drop);
       OpCost exps = elementwise_cost(OpKind::Softmax, B * H * S * S / 2, 4);  // the kernel's exponentials (causal half)
       exps.on_chip = true;
       t.cost(exps);
@@ -169,7 +189,7 @@ T gpt_block(Net& n, const T& x, const GptBlockParams& p, bool selective) {
     T scores;
     {
       const T qc = n.copy(q), kc = n.copy(k);  // matmul's reshape of the permuted operands
-      const T raw = t.op({&qc, &kc}, B * H * S * S, e, {&qc, &kc}, false, 0, gemm_cost(S, S, D / H, B * H));
+      const T raw = n.bmm(qc, kc, B * H * S * S, gemm_cost(S, S, D / H, B * H));
       scores = n.scale(raw);
     }
     const T mask = t.data(S * S, 1);  // ones(S, S).triu(1): bool
@@ -180,7 +200,7 @@ T gpt_block(Net& n, const T& x, const GptBlockParams& p, bool selective) {
     }
     att = n.dropout(att, drop);
     const T vc = n.copy(v);
-    const T out = t.op({&att, &vc}, N * D, e, {&att, &vc}, false, 0, gemm_cost(S, D / H, S, B * H));
+    const T out = n.bmm(att, vc, N * D, gemm_cost(S, D / H, S, B * H));
     return n.copy(out);  // .transpose(1, 2).reshape: a copy
   };
   const T y = selective ? t.checkpoint(core, qkv, {}, {}) : core(t, qkv);
@@ -239,8 +259,7 @@ T llama_block(Net& n, const T& x, const LlamaBlockParams& p, bool selective) {
     if (sdpa) {
       // Saves query, key, value, its output ([B,S,H,Dh] in memory, so the transpose is free) and the
       // fp32 log-sum-exp; GQA without copies (enable_gqa).
-      const T out = t.op({&query, &k_embed, &v}, N * Hq * Dh, e, {&query, &k_embed, &v}, true, B * Hq * S * 4,
-                         attention_cost(S, Dh, B * Hq));
+      const T out = n.attention(query, k_embed, v, N * Hq * Dh, B * Hq * S * 4, attention_cost(S, Dh, B * Hq), Hq != Hkv, 0.0);
       OpCost exps = elementwise_cost(OpKind::Softmax, B * Hq * S * S / 2, 4);  // the kernel's exponentials (causal half)
       exps.on_chip = true;
       t.cost(exps);
@@ -252,13 +271,13 @@ T llama_block(Net& n, const T& x, const LlamaBlockParams& p, bool selective) {
     T w;
     {
       const T qc = n.copy(query);  // q_embed keeps the [B,S,H,Dh] strides of the projection: a copy
-      const T raw = t.op({&qc, &key}, B * Hq * S * S, e, {&qc, &key}, false, 0, gemm_cost(S, S, Dh, B * Hq));
+      const T raw = n.bmm(qc, key, B * Hq * S * S, gemm_cost(S, S, Dh, B * Hq));
       w = n.scale(raw);
     }
     w = t.op({&w}, w.numel, w.elem, {}, false, 0, n.ew(2 * w.bytes()));  // + mask
     w = t.op({&w}, w.numel, 4, {}, true, 0, Net::act(OpKind::Softmax, w));  // softmax in fp32, saves its output
     w = n.cast(w, e);
-    const T out = t.op({&w, &value}, N * Hq * Dh, e, {&w, &value}, false, 0, gemm_cost(S, Dh, S, B * Hq));
+    const T out = n.bmm(w, value, N * Hq * Dh, gemm_cost(S, Dh, S, B * Hq));
     return n.copy(out);  // .transpose(1, 2).contiguous()
   };
   const T attn = selective ? t.checkpoint(core, q_embed, {&k_embed, &v}, {}) : core(t, q_embed);
@@ -288,7 +307,7 @@ T batch_norm(Net& n, const T& x, const T& w, const T& b, int64_t c) {
 }
 
 bool checkpointed(const std::string& policy, int64_t index) {
-  if (policy == "full") return true;
+  if (policy == "full" || policy == "selective-op") return true;
   if (policy.rfind("every:", 0) == 0) return index % std::stoll(policy.substr(6)) == 0;
   return false;
 }
@@ -297,8 +316,10 @@ bool checkpointed(const std::string& policy, int64_t index) {
 // when one is set.
 T run_block(Tape& t, const Replay& r, size_t index, const Tape::BlockFn& fn, const T& x, const std::vector<const T*>& params) {
   Tape::BlockFn body = fn;
-  if (checkpointed(r.checkpoint, static_cast<int64_t>(index)))
-    body = [fn, params](Tape& tape, const T& in) { return tape.checkpoint(fn, in, {}, params); };
+  if (checkpointed(r.checkpoint, static_cast<int64_t>(index))) {
+    const bool op_level = r.checkpoint == "selective-op";
+    body = [fn, params, op_level](Tape& tape, const T& in) { return tape.checkpoint(fn, in, {}, params, op_level); };
+  }
   if (t.block_wrapper) return t.block_wrapper(index, body, x);
   return body(t, x);
 }

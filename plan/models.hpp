@@ -11,18 +11,22 @@
 
 namespace trainscope::plan {
 
-// How a precision mode stores and computes (suites/techniques/precision.cpp's PrecisionMode).
+// How a precision mode stores and computes on a device: core/precision.hpp's row, in bytes.
 struct Numerics {
-  int param = 4;          // parameter (and optimizer state) element bytes
+  std::string precision = "32-true";
+  int param = 4;          // bytes of the parameters the forward computes with (and, without masters, of the optimizer state)
+  int master = 0;         // bytes of the optimizer's master copy (0: none; bf16-master: 4)
+  int reduce = 4;         // bytes gradients are reduced in (masters only)
   bool autocast = false;  // autocast to `low` for GEMMs
   int low = 2;
   bool fp16_emulated = false;  // CPU 16-mixed: fp32 compute rounded through fp16 at block boundaries
   bool scaler = false;
   bool fp8 = false;
   std::string gemm_dtype = "fp32";  // the dtype the GEMMs run in (for the time model's peak)
+  int optimizer_bytes() const { return master ? master : param; }
 };
-// 32-true, tf32, bf16-mixed, 16-mixed(-noscale), bf16-true, fp8 on a CPU or a CUDA device.
-Numerics numerics_of(const std::string& precision, bool cuda);
+// Any precision of the table on a CPU or a CUDA device; reduce_dtype for the modes with masters.
+Numerics numerics_of(const std::string& precision, bool cuda, const std::string& reduce_dtype = "fp32");
 
 // What the replay needs of a cell besides the model: batch per rank, image shape, checkpointing.
 struct Replay {

@@ -7,16 +7,13 @@
 
 #include "core/build_info.hpp"
 #include "core/errors.hpp"
+#include "core/precision.hpp"
 #include "core/units.hpp"
 #include "plan/step.hpp"
 
 namespace trainscope::plan {
 
 namespace {
-
-// The dtype MFU is reported against: the GEMMs' own, except fp8, reported against the bf16 peak (as
-// torchtitan and Megatron-Bridge do not count fp8 as a higher peak).
-std::string mfu_dtype(const std::string& gemm) { return gemm == "fp8" ? "bf16" : gemm == "tf32" ? "tf32" : gemm; }
 
 double gemm_flops(const std::vector<OpCost>& costs) {
   double f = 0;
@@ -25,127 +22,173 @@ double gemm_flops(const std::vector<OpCost>& costs) {
   return f;
 }
 
-// Precisions ranked but not recommended unless asked for (--set precision=...): the reason.
-std::string precision_note(const std::string& p) {
-  if (p == "bf16-true") return "bf16 weights and optimizer state, no fp32 master copy: updates below bf16's resolution are lost";
-  if (p == "fp8") return "e4m3 GEMMs in the linear layers: check the loss against bf16-mixed before relying on it";
-  if (p == "16-mixed") return "fp16 needs the dynamic loss scaler; bf16-mixed needs none at the same speed";
-  return "";
+// Among configurations whose predicted speeds are this close, the one teams run is preferred: the
+// predictions are not better than a few percent, so a 1% difference is no reason to pick another.
+constexpr double kEqualSpeed = 0.99;
+
+// Checkpoint policies in the order teams reach for them at equal speed: op-level selective (torchtitan's
+// default) before attention-only selective, before every-k and full recomputation.
+int checkpoint_preference(const std::string& p) {
+  if (p == "none") return 0;
+  if (p == "selective-op") return 1;
+  if (p == "selective") return 2;
+  if (p.rfind("every:", 0) == 0) return 3;
+  return 4;
 }
 
-}  // namespace
+// A data-parallel layout the search tries: its shorthand and its degrees.
+struct LayoutChoice {
+  std::string parallel;
+  ParallelLayout layout;
+};
 
-json make_plan(const PlanRequest& r) {
-  const auto started = std::chrono::steady_clock::now();
-  const ModelShape& m = r.model;
-  if (!m.language_model()) throw UsageError("plan: the search plans decoders (gpt, llama); " + m.name + " is a " + m.family);
-  const int64_t ranks = r.cluster.ranks(), S = m.seq_len;
-  const DeviceProfile& d = r.device;
-  const double usable = static_cast<double>(d.memory_bytes) * (1.0 - r.headroom);
-  // Global batch: whole sequences per rank per micro-batch step.
-  int64_t global = r.global_tokens > 0 ? r.global_tokens : int64_t{1} << 20;
-  const int64_t seqs_per_rank = std::max<int64_t>(1, global / (S * ranks));
-  global = seqs_per_rank * S * ranks;
-
-  auto axis = [&](const std::string& key, std::vector<std::string> all) {
-    if (auto f = r.fixed.find(key); f != r.fixed.end()) return std::vector<std::string>{f->second};
-    return all;
-  };
-  std::vector<std::string> precisions = {"32-true", "bf16-mixed", "16-mixed", "bf16-true"};
-  if (d.has("fp8")) precisions.push_back("fp8");
-  precisions = axis("precision", precisions);
-  // hsdp (sharded within a node, replicated across nodes) only differs from zero3 across nodes.
-  std::vector<std::string> all_strategies = {"ddp", "zero1", "zero2", "zero3"};
-  if (r.cluster.nodes > 1) all_strategies.push_back("hsdp");
-  const std::vector<std::string> strategies = ranks > 1 ? axis("parallel", all_strategies) : axis("parallel", {"single"});
-  const std::vector<std::string> policies = axis("checkpoint", {"none", "selective", "every:8", "every:4", "every:2", "full"});
-  const std::vector<std::string> attentions = axis("attention", {"sdpa", "eager"});
+// The grid: every axis, or the one value `--set` fixed.
+struct Grid {
+  std::vector<std::string> precisions, checkpoints, attentions;
+  std::vector<LayoutChoice> layouts;
   std::vector<int64_t> micro;
+};
+
+std::vector<std::string> axis(const PlanRequest& r, const std::string& key, std::vector<std::string> all) {
+  if (auto f = r.fixed.find(key); f != r.fixed.end()) return {f->second};
+  return all;
+}
+
+// ddp, zero1/2/3 over every rank; hsdp (zero3 within a node, replicated across nodes) where there is
+// more than one node.
+std::vector<LayoutChoice> layouts(const PlanRequest& r) {
+  const int64_t ranks = r.cluster.ranks();
+  std::vector<std::string> names = {"ddp", "zero1", "zero2", "zero3"};
+  if (r.cluster.nodes > 1) names.push_back("hsdp");
+  names = ranks > 1 ? axis(r, "parallel", names) : axis(r, "parallel", {"single"});
+  std::vector<LayoutChoice> out;
+  for (const auto& p : names) {
+    if ((p == "single") != (ranks == 1)) throw UsageError("plan: parallel=" + p + " does not match " + std::to_string(ranks) + " rank(s)");
+    RunConfig c;
+    c.parallel = p;
+    c.world_size = ranks;
+    c.hsdp_shard_size = p == "hsdp" ? r.cluster.gpus_per_node : 0;
+    out.push_back({p, resolve_layout(c)});
+  }
+  return out;
+}
+
+Grid grid(const PlanRequest& r, int64_t seqs_per_rank, int64_t global) {
+  Grid g;
+  std::vector<std::string> precisions;
+  for (const auto& t : precision_table()) {
+    // 64-true is a reference, not a way to train; 16-mixed without its scaler a mistake; tf32 is a GEMM
+    // setting of fp32 storage (the datasheet profiles have no separate rate); fp8 where the device has it.
+    if (t.name == "64-true" || t.name == "16-mixed-noscale" || t.name == "tf32") continue;
+    if (t.fp8_linear && !r.device.has("fp8")) continue;
+    precisions.push_back(t.name);
+  }
+  g.precisions = axis(r, "precision", precisions);
+  g.layouts = layouts(r);
+  g.checkpoints = axis(r, "checkpoint", {"none", "selective-op", "selective", "every:8", "every:4", "every:2", "full"});
+  g.attentions = axis(r, "attention", {"sdpa", "eager"});
   if (auto f = r.fixed.find("batch_size"); f != r.fixed.end()) {
-    micro.push_back(std::stoll(f->second));
+    g.micro.push_back(std::stoll(f->second));
   } else {
     for (int64_t b = 1; b <= seqs_per_rank; b *= 2)
-      if (seqs_per_rank % b == 0) micro.push_back(b);
+      if (seqs_per_rank % b == 0) g.micro.push_back(b);
   }
-  for (int64_t b : micro)
+  for (int64_t b : g.micro)
     if (b < 1 || seqs_per_rank % b != 0)
       throw UsageError("plan: micro-batch " + std::to_string(b) + " does not divide the " + std::to_string(seqs_per_rank) +
                        " sequences per rank of the global batch (" + with_thousands(global) + " tokens)");
-  for (const auto& s : strategies)
-    if ((s == "single") != (ranks == 1)) throw UsageError("plan: parallel=" + s + " does not match " + std::to_string(ranks) + " rank(s)");
+  return g;
+}
 
-  const double fpt_full = decoder_flops_per_token(m, FlopConvention::Full);
-  const double fpt_causal = decoder_flops_per_token(m, FlopConvention::Causal);
+// What every candidate shares: the request, the batch and the FLOP counts.
+struct Context {
+  const PlanRequest& r;
+  int64_t seqs_per_rank = 0;
+  double usable = 0, fpt_full = 0, fpt_causal = 0, attention_per_token = 0;
+};
+
+// Why a configuration does not fit, in words.
+std::string misfit(const Context& x, const StepSetup& s, const MemoryPrediction& mp) {
+  const double states = static_cast<double>(mp.state.total()), peak = static_cast<double>(mp.peak);
+  if (states > x.usable) return "model state " + format_gb(states) + " per rank > " + format_gb(x.usable) + " usable";
+  std::string why = "peak " + format_gb(peak) + " per rank (model state " + format_gb(states) + ", activations " +
+                    format_gb(static_cast<double>(mp.activations)) + ") > " + format_gb(x.usable) + " usable";
+  // Autocast keeps a low-precision copy of every weight from its use to backward (saved by the GEMM,
+  // or held by its cast cache under checkpointing): unsharded, whatever the strategy.
+  if (s.replay.num.autocast)
+    why += "; the activations include autocast's copies of every weight, " +
+           format_gb(2.0 * static_cast<double>(param_layout(s.replay).total())) + " unsharded";
+  return why;
+}
+
+// Memory, and for what fits the time, throughput and MFU, of one configuration into `cand`.
+void evaluate(const Context& x, const LayoutChoice& lc, json& cand) {
+  const PlanRequest& r = x.r;
+  const DeviceProfile& d = r.device;
+  const int64_t b = cand["micro_batch"], S = r.model.seq_len;
+  StepSetup s;
+  s.replay.model = r.model;
+  s.replay.model.attention = cand["attention"];
+  s.replay.model.dropout = 0;
+  s.replay.batch = b;
+  s.replay.checkpoint = cand["checkpoint"];
+  s.replay.num = numerics_of(cand["precision"], d.gpu);
+  s.replay.cuda = d.gpu;
+  s.layout = lc.layout;
+  s.resident_data_bytes = 0;
+  const MemoryPrediction mp = predict_memory(s);
+  const double peak = static_cast<double>(mp.peak);
+  json mem = mp.to_json();
+  for (const char* k : {"phase_peak_bytes", "baseline_bytes", "data_bytes"}) mem.erase(k);
+  mem["peak_transient_bytes"] = std::max(0.0, peak - static_cast<double>(mp.state.total()) - static_cast<double>(mp.activations));
+  cand["memory"] = mem;
+  cand["fits"] = peak <= x.usable;
+  if (peak > x.usable) {
+    cand["reason"] = misfit(x, s, mp);
+    return;
+  }
+  const TimePrediction tp = predict_time(s, mp, d, r.cluster, x.seqs_per_rank / b);
+  cand["time"] = tp.to_json();
+  const double tokens_per_gpu = static_cast<double>(x.seqs_per_rank * S) / tp.step_s;
+  cand["tokens_per_s_per_gpu"] = tokens_per_gpu;
+  const PrecisionTraits& t = precision_traits(cand["precision"]);
+  const double linear_fraction = 1.0 - x.attention_per_token / x.fpt_full;
+  const PeakOf peak_of = [&](const std::string& dt) -> std::optional<double> {
+    if (auto it = d.peak_flops.find(dt); it != d.peak_flops.end()) return it->second;
+    return std::nullopt;
+  };
+  if (const auto p = mfu_peak_flops(t, s.replay.num.gemm_dtype, linear_fraction, peak_of)) {
+    cand["mfu"] = x.fpt_full * tokens_per_gpu / *p;
+    cand["mfu_causal"] = x.fpt_causal * tokens_per_gpu / *p;
+    // Hardware FLOPs add the recomputed forward's GEMMs.
+    const double recompute_per_token = gemm_flops(mp.recompute_costs) / static_cast<double>(b * S);
+    cand["hfu"] = (x.fpt_full + recompute_per_token) * tokens_per_gpu / *p;
+    cand["mfu_peak"] = {{"convention", mfu_peak_name(t, s.replay.num.gemm_dtype, linear_fraction)}, {"flops_per_s", *p}};
+  }
+}
+
+// Every candidate of the grid, in search order; a micro-batch larger than one that did not fit is
+// not replayed (memory grows with it).
+json search(const Context& x, const Grid& g, int64_t& searched) {
   json candidates = json::array();
-  int64_t searched = 0;
-  for (const auto& prec : precisions)
-    for (const auto& strat : strategies)
-      for (const auto& ckpt : policies)
-        for (const auto& attn : attentions) {
-          bool too_big = false;
-          std::string too_big_reason;
-          for (int64_t b : micro) {
+  for (const auto& prec : g.precisions)
+    for (const auto& lc : g.layouts)
+      for (const auto& ckpt : g.checkpoints)
+        for (const auto& attn : g.attentions) {
+          std::string too_big;
+          for (int64_t b : g.micro) {
             ++searched;
-            json cand = {{"precision", prec}, {"parallel", strat}, {"checkpoint", ckpt}, {"attention", attn},
-                         {"micro_batch", b}, {"accumulation", seqs_per_rank / b}};
-            if (const std::string note = precision_note(prec); !note.empty()) cand["note"] = note;
-            if (too_big) {
-              // Memory grows with the micro-batch: a larger one than one that did not fit does not either.
+            json cand = {{"precision", prec},          {"parallel", lc.parallel}, {"layout", lc.layout.to_json()},
+                         {"sharding", lc.layout.strategy()}, {"checkpoint", ckpt}, {"attention", attn},
+                         {"micro_batch", b},            {"accumulation", x.seqs_per_rank / b}};
+            if (const std::string& note = precision_traits(prec).caveat; !note.empty()) cand["note"] = note;
+            if (!too_big.empty()) {
               cand["fits"] = false;
-              cand["reason"] = too_big_reason;
-              candidates.push_back(cand);
-              continue;
-            }
-            StepSetup s;
-            s.replay.model = m;
-            s.replay.model.attention = attn;
-            s.replay.model.dropout = 0;
-            s.replay.batch = b;
-            s.replay.checkpoint = ckpt;
-            s.replay.num = numerics_of(prec, d.gpu);
-            s.replay.cuda = d.gpu;
-            s.strategy = strat;
-            s.world = ranks;
-            s.shard = r.cluster.gpus_per_node;  // hsdp: one node's ranks
-            s.resident_data_bytes = 0;
-            const MemoryPrediction mp = predict_memory(s);
-            const double peak = static_cast<double>(mp.peak);
-            json mem = mp.to_json();
-            mem.erase("phase_peak_bytes");
-            mem.erase("baseline_bytes");
-            mem.erase("data_bytes");
-            const double states = static_cast<double>(mp.state.total());
-            mem["peak_transient_bytes"] = std::max(0.0, peak - states - static_cast<double>(mp.activations));
-            cand["memory"] = mem;
-            cand["fits"] = peak <= usable;
-            if (peak > usable) {
-              std::string why = states > usable ? "model state " + format_gb(states) + " per rank > " + format_gb(usable) + " usable"
-                                                : "peak " + format_gb(peak) + " per rank (model state " + format_gb(states) + ", activations " +
-                                                      format_gb(static_cast<double>(mp.activations)) + ") > " + format_gb(usable) + " usable";
-              // Autocast keeps a low-precision copy of every weight from its use to backward (saved by
-              // the GEMM, or held by its cast cache under checkpointing): unsharded, whatever the strategy.
-              if (s.replay.num.autocast && states <= usable)
-                why += "; the activations include autocast's copies of every weight, " +
-                       format_gb(2.0 * static_cast<double>(param_layout(s.replay).total())) + " unsharded";
-              cand["reason"] = why;
-              too_big = true;
-              too_big_reason = "micro-batch " + std::to_string(b) + " already does not fit: " + why;
-              candidates.push_back(cand);
-              continue;
-            }
-            const TimePrediction tp = predict_time(s, mp, d, r.cluster, seqs_per_rank / b);
-            cand["time"] = tp.to_json();
-            const double tokens_per_gpu = static_cast<double>(seqs_per_rank * S) / tp.step_s;
-            cand["tokens_per_s_per_gpu"] = tokens_per_gpu;
-            const std::string pd = mfu_dtype(s.replay.num.gemm_dtype);
-            if (d.peak_flops.count(pd)) {
-              const double peak_flops = d.peak_flops.at(pd);
-              cand["mfu"] = fpt_full * tokens_per_gpu / peak_flops;
-              cand["mfu_causal"] = fpt_causal * tokens_per_gpu / peak_flops;
-              // Hardware FLOPs add the recomputed forward's GEMMs.
-              const double recompute_per_token = gemm_flops(mp.recompute_costs) / static_cast<double>(b * S);
-              cand["hfu"] = (fpt_full + recompute_per_token) * tokens_per_gpu / peak_flops;
-              cand["mfu_peak"] = {{"dtype", pd}, {"flops_per_s", peak_flops}};
+              cand["reason"] = too_big;
+            } else {
+              evaluate(x, lc, cand);
+              if (!cand["fits"].get<bool>())
+                too_big = "micro-batch " + std::to_string(b) + " already does not fit: " + cand["reason"].get<std::string>();
             }
             candidates.push_back(cand);
           }
@@ -158,94 +201,135 @@ json make_plan(const PlanRequest& r) {
     if (ta != tb) return ta > tb;
     return a["memory"]["peak_bytes"].get<int64_t>() < b["memory"]["peak_bytes"].get<int64_t>();
   });
-  int64_t fit = 0;
-  for (const auto& c : candidates) fit += c["fits"].get<bool>() ? 1 : 0;
+  return candidates;
+}
 
-  // Why whole families do not fit: per (precision, strategy) the reason at its smallest configuration.
+// Why whole families do not fit: per (precision, strategy) the reason at its smallest configuration.
+json rejected_families(const Grid& g, const json& candidates) {
   json rejected = json::array();
-  for (const auto& prec : precisions)
-    for (const auto& strat : strategies) {
+  for (const auto& prec : g.precisions)
+    for (const auto& lc : g.layouts) {
       bool any = false;
       std::string reason;
       for (const auto& c : candidates) {
-        if (c["precision"] != prec || c["parallel"] != strat) continue;
+        if (c["precision"] != prec || c["parallel"] != lc.parallel) continue;
         if (c["fits"].get<bool>()) any = true;
-        else if (reason.empty() && c["micro_batch"] == micro.front() && c["checkpoint"] == policies.back()) reason = c["reason"];
+        else if (reason.empty() && c["micro_batch"] == g.micro.front() && c["checkpoint"] == g.checkpoints.back()) reason = c["reason"];
       }
-      if (!any) rejected.push_back({{"precision", prec}, {"parallel", strat}, {"reason", reason.empty() ? "no candidate fits" : reason}});
+      if (!any) rejected.push_back({{"precision", prec}, {"parallel", lc.parallel}, {"reason", reason.empty() ? "no candidate fits" : reason}});
     }
+  return rejected;
+}
 
-  json rec;
-  // The recommendation: the fastest that fits among the precisions that need no caveat (bf16-mixed,
-  // 32-true), unless the precision was fixed; the others stay in the table with their notes.
-  const json* pick = nullptr;
+// The recommended candidate: the fastest that fits among the precisions without a caveat (unless the
+// precision was fixed); among those within kEqualSpeed of it, the one teams run (core/precision.hpp's
+// preference, then checkpoint_preference). Null when nothing fits.
+const json* pick(const PlanRequest& r, const json& candidates) {
+  const json* best = nullptr;
   for (const auto& c : candidates)
     if (c["fits"].get<bool>() && (r.fixed.count("precision") || !c.contains("note"))) {
-      pick = &c;
+      best = &c;
       break;
     }
-  if (!pick && fit > 0) pick = &candidates[0];  // only noted precisions fit: the fastest, with its note
-  if (pick) {
-    const json& best = *pick;
-    char line[640];
-    std::snprintf(line, sizeof line,
-                  "%s on %lld x %s (%lld node%s): %s, %s, checkpoint %s, %s attention, micro-batch %lld x %lld accumulation: "
-                  "about %s tokens/s per GPU, %s of %s per GPU",
-                  m.name.c_str(), static_cast<long long>(ranks), d.name.c_str(), static_cast<long long>(r.cluster.nodes),
-                  r.cluster.nodes > 1 ? "s" : "", best["precision"].get<std::string>().c_str(),
-                  best["parallel"].get<std::string>().c_str(), best["checkpoint"].get<std::string>().c_str(),
-                  best["attention"].get<std::string>().c_str(), static_cast<long long>(best["micro_batch"].get<int64_t>()),
-                  static_cast<long long>(best["accumulation"].get<int64_t>()),
-                  format_rate(best["tokens_per_s_per_gpu"].get<double>()).c_str(),
-                  format_gb(best["memory"]["peak_bytes"].get<double>()).c_str(), format_gb(static_cast<double>(d.memory_bytes)).c_str());
-    std::string text = line;
-    if (best.contains("mfu")) {
-      std::snprintf(line, sizeof line, ", MFU %.0f%% (full attention; %.0f%% causal)", 100 * best["mfu"].get<double>(),
-                    100 * best["mfu_causal"].get<double>());
-      text += line;
-    }
-    json why = json::array();
-    why.push_back("fastest of the " + std::to_string(fit) + " configurations that fit in " + format_gb(usable) + " usable per GPU (" +
-                  std::to_string(static_cast<int>(std::lround(100 * r.headroom))) + "% headroom)" +
-                  (r.fixed.count("precision") ? "" : " among bf16-mixed and 32-true"));
-    if (&best != &candidates[0]) {
-      const json& top = candidates[0];
-      why.push_back(top["precision"].get<std::string>() + " (" + top["parallel"].get<std::string>() + ", checkpoint " +
-                    top["checkpoint"].get<std::string>() + ") would reach " +
-                    std::to_string(static_cast<int>(std::lround(100 * top["tokens_per_s_per_gpu"].get<double>() /
-                                                                best["tokens_per_s_per_gpu"].get<double>()))) +
-                    "% of this throughput: " + top.value("note", std::string()));
-    }
-    why.push_back("step " + format_seconds(best["time"]["step_s"]) + ": compute " + format_seconds(best["time"]["compute_s"]) +
-                  ", exposed communication " + format_seconds(best["time"]["exposed_comm_s"]) + " (" +
-                  best["time"]["bound"].get<std::string>() + "-bound)");
-    // Each other strategy: its best eligible configuration for contrast, or why it does not fit in
-    // the recommended precision.
-    const bool any_precision = r.fixed.count("precision") > 0;
-    for (const auto& strat : strategies) {
-      if (strat == best["parallel"]) continue;
-      bool found = false;
-      for (const auto& c : candidates)
-        if (c["fits"].get<bool>() && c["parallel"] == strat && (any_precision || !c.contains("note"))) {
-          const double ratio = c["tokens_per_s_per_gpu"].get<double>() / best["tokens_per_s_per_gpu"].get<double>();
-          why.push_back("best " + strat + " (" + c["precision"].get<std::string>() + ", checkpoint " + c["checkpoint"].get<std::string>() +
-                        ", micro-batch " + std::to_string(c["micro_batch"].get<int64_t>()) + "): " +
-                        std::to_string(static_cast<int>(std::lround(100 * ratio))) + "% of its throughput");
-          found = true;
-          break;
-        }
-      if (found) continue;
-      for (const auto& rj : rejected)
-        if (rj["parallel"] == strat && rj["precision"] == best["precision"])
-          why.push_back(strat + " does not fit in " + best["precision"].get<std::string>() + ": " + rj["reason"].get<std::string>());
-    }
-    rec = {{"text", text}, {"candidate", best}, {"reasoning", why}};
-  } else {
-    std::string text = "nothing fits " + m.name + " on " + std::to_string(ranks) + " x " + d.name + ": ";
+  if (!best) return candidates.empty() || !candidates[0]["fits"].get<bool>() ? nullptr : &candidates[0];
+  const double fastest = (*best)["tokens_per_s_per_gpu"];
+  auto rank = [](const json& c) {
+    return std::make_pair(precision_traits(c["precision"]).preference, checkpoint_preference(c["checkpoint"]));
+  };
+  for (const auto& c : candidates) {
+    if (!c["fits"].get<bool>() || c["tokens_per_s_per_gpu"].get<double>() < kEqualSpeed * fastest) break;
+    if (!r.fixed.count("precision") && c.contains("note")) continue;
+    if (rank(c) < rank(*best)) best = &c;
+  }
+  return best;
+}
+
+std::string percent(double ratio) { return std::to_string(static_cast<int>(std::lround(100 * ratio))) + "%"; }
+
+// The recommendation: one line a lead can act on, and the reasoning behind it.
+json recommendation(const Context& x, const json& candidates, const json& rejected, int64_t fit) {
+  const PlanRequest& r = x.r;
+  const ModelShape& m = r.model;
+  const DeviceProfile& d = r.device;
+  const json* chosen = pick(r, candidates);
+  if (!chosen) {
+    std::string text = "nothing fits " + m.name + " on " + std::to_string(r.cluster.ranks()) + " x " + d.name + ": ";
     text += rejected.empty() ? "" : rejected[rejected.size() - 1]["reason"].get<std::string>();
     text += "; more GPUs (zero3 divides the model state by the rank count) or a device with more memory";
-    rec = {{"text", text}, {"candidate", nullptr}, {"reasoning", json::array()}};
+    return {{"text", text}, {"candidate", nullptr}, {"reasoning", json::array()}};
   }
+  const json& best = *chosen;
+  char line[700];
+  std::snprintf(line, sizeof line,
+                "%s on %lld x %s (%lld node%s): %s, %s (%s), checkpoint %s, %s attention, micro-batch %lld x %lld accumulation: "
+                "about %s tokens/s per GPU, %s of %s per GPU",
+                m.name.c_str(), static_cast<long long>(r.cluster.ranks()), d.name.c_str(), static_cast<long long>(r.cluster.nodes),
+                r.cluster.nodes > 1 ? "s" : "", best["precision"].get<std::string>().c_str(), best["parallel"].get<std::string>().c_str(),
+                best["layout"]["name"].get<std::string>().c_str(), best["checkpoint"].get<std::string>().c_str(),
+                best["attention"].get<std::string>().c_str(), static_cast<long long>(best["micro_batch"].get<int64_t>()),
+                static_cast<long long>(best["accumulation"].get<int64_t>()), format_rate(best["tokens_per_s_per_gpu"].get<double>()).c_str(),
+                format_gb(best["memory"]["peak_bytes"].get<double>()).c_str(), format_gb(static_cast<double>(d.memory_bytes)).c_str());
+  std::string text = line;
+  if (best.contains("mfu")) {
+    std::snprintf(line, sizeof line, ", MFU %.0f%% (full attention; %.0f%% causal)", 100 * best["mfu"].get<double>(),
+                  100 * best["mfu_causal"].get<double>());
+    text += line;
+  }
+  json why = json::array();
+  why.push_back("fastest of the " + std::to_string(fit) + " configurations that fit in " + format_gb(x.usable) + " usable per GPU (" +
+                percent(r.headroom) + " headroom)" + (r.fixed.count("precision") ? "" : " among the precisions without a caveat") +
+                "; configurations within " + percent(1 - kEqualSpeed) + " of it count as equal, and of those the one teams run is named");
+  const json& top = candidates[0];
+  if (&best != &top)
+    why.push_back(top["precision"].get<std::string>() + " (" + top["parallel"].get<std::string>() + ", checkpoint " +
+                  top["checkpoint"].get<std::string>() + ") would reach " +
+                  percent(top["tokens_per_s_per_gpu"].get<double>() / best["tokens_per_s_per_gpu"].get<double>()) + " of this throughput" +
+                  (top.contains("note") ? ": " + top["note"].get<std::string>() : ""));
+  why.push_back("step " + format_seconds(best["time"]["step_s"]) + ": compute " + format_seconds(best["time"]["compute_s"]) +
+                ", exposed communication " + format_seconds(best["time"]["exposed_comm_s"]) + " (" + best["time"]["bound"].get<std::string>() +
+                "-bound)");
+  // Each other strategy: its best eligible configuration for contrast, or why it does not fit in the
+  // recommended precision.
+  const bool any_precision = r.fixed.count("precision") > 0;
+  std::vector<std::string> seen = {best["parallel"]};
+  for (const auto& c : candidates) {
+    if (!c["fits"].get<bool>() || std::count(seen.begin(), seen.end(), c["parallel"].get<std::string>())) continue;
+    if (!any_precision && c.contains("note")) continue;
+    seen.push_back(c["parallel"]);
+    why.push_back("best " + c["parallel"].get<std::string>() + " (" + c["precision"].get<std::string>() + ", checkpoint " +
+                  c["checkpoint"].get<std::string>() + ", micro-batch " + std::to_string(c["micro_batch"].get<int64_t>()) + "): " +
+                  percent(c["tokens_per_s_per_gpu"].get<double>() / best["tokens_per_s_per_gpu"].get<double>()) + " of its throughput");
+  }
+  for (const auto& rj : rejected)
+    if (rj["precision"] == best["precision"] && !std::count(seen.begin(), seen.end(), rj["parallel"].get<std::string>()))
+      why.push_back(rj["parallel"].get<std::string>() + " does not fit in " + best["precision"].get<std::string>() + ": " +
+                    rj["reason"].get<std::string>());
+  return {{"text", text}, {"candidate", best}, {"reasoning", why}};
+}
+
+}  // namespace
+
+json make_plan(const PlanRequest& r) {
+  const auto started = std::chrono::steady_clock::now();
+  const ModelShape& m = r.model;
+  if (!m.language_model()) throw UsageError("plan: the search plans decoders (gpt, llama); " + m.name + " is a " + m.family);
+  const int64_t ranks = r.cluster.ranks(), S = m.seq_len;
+  // Global batch: whole sequences per rank per micro-batch step.
+  int64_t global = r.global_tokens > 0 ? r.global_tokens : int64_t{1} << 20;
+  Context x{r};
+  x.seqs_per_rank = std::max<int64_t>(1, global / (S * ranks));
+  global = x.seqs_per_rank * S * ranks;
+  x.usable = static_cast<double>(r.device.memory_bytes) * (1.0 - r.headroom);
+  x.fpt_full = decoder_flops_per_token(m, FlopConvention::Full);
+  x.fpt_causal = decoder_flops_per_token(m, FlopConvention::Causal);
+  x.attention_per_token = 12.0 * static_cast<double>(m.layers * m.heads * m.head_dim() * S);
+  const Grid g = grid(r, x.seqs_per_rank, global);
+  int64_t searched = 0;
+  const json candidates = search(x, g, searched);
+  int64_t fit = 0;
+  for (const auto& c : candidates) fit += c["fits"].get<bool>() ? 1 : 0;
+  const json rejected = rejected_families(g, candidates);
+  const json rec = recommendation(x, candidates, rejected, fit);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   json fixed = json::object();
   for (const auto& [k, v] : r.fixed) fixed[k] = v;
@@ -254,11 +338,11 @@ json make_plan(const PlanRequest& r) {
           {"created", utc_now()},
           {"request", {{"model", m.to_json()}, {"model_name", m.name}, {"parameters", analytic_decoder_parameters(m)},
                        {"cluster", {{"gpus_per_node", r.cluster.gpus_per_node}, {"nodes", r.cluster.nodes}, {"ranks", ranks}}},
-                       {"device", d.name}, {"seq_len", S}, {"global_batch_tokens", global},
-                       {"sequences_per_rank", seqs_per_rank}, {"headroom", r.headroom}, {"usable_bytes", usable}, {"fixed", fixed}}},
-          {"device", d.to_json()},
-          {"flops", {{"convention", flop_convention_name(FlopConvention::Full)}, {"per_token", fpt_full},
-                     {"causal_per_token", fpt_causal}}},
+                       {"device", r.device.name}, {"seq_len", S}, {"global_batch_tokens", global},
+                       {"sequences_per_rank", x.seqs_per_rank}, {"headroom", r.headroom}, {"usable_bytes", x.usable}, {"fixed", fixed}}},
+          {"device", r.device.to_json()},
+          {"flops", {{"convention", flop_convention_name(FlopConvention::Full)}, {"per_token", x.fpt_full},
+                     {"causal_per_token", x.fpt_causal}}},
           {"searched", searched},
           {"fit", fit},
           {"search_seconds", seconds},

@@ -50,14 +50,16 @@ StepSetup step_setup(const RunConfig& c, bool cuda) {
   s.replay.model.attention = resolve_attention(c.attention, cuda ? "cuda" : "cpu", s.replay.model.seq_len);
   s.replay.batch = c.batch_size;
   s.replay.checkpoint = c.checkpoint;
-  s.replay.num = numerics_of(c.precision, cuda);
+  s.replay.num = numerics_of(c.precision, cuda, c.reduce_dtype);
   s.replay.cuda = cuda;
-  s.strategy = c.world_size > 1 ? c.parallel : "single";
-  s.world = c.world_size;
-  s.shard = c.hsdp_shard_size;
+  s.layout = resolve_layout(c);
+  if (s.layout.shard_by_host) {  // hsdp by node, planned on one node: zero3 over its ranks (a check reads the run's)
+    s.layout.shard_by_host = false;
+  }
   s.optimizer = c.optimizer;
   s.weight_decay = c.weight_decay;
   s.prefetch = c.prefetch;
+  s.reshard_after_forward = c.reshard_after_forward;
   s.bucket_mb = c.bucket_mb;
   s.grad_clip = c.grad_clip > 0;
   std::string data = c.data;
@@ -67,208 +69,311 @@ StepSetup step_setup(const RunConfig& c, bool cuda) {
   return s;
 }
 
-MemoryPrediction predict_memory(const StepSetup& s) {
-  const Replay& r = s.replay;
-  if (const std::string why = replay_unsupported(r.model); !why.empty()) throw UsageError(why);
-  const ParamLayout layout = param_layout(r);
-  const int pe = r.num.param;
-  const int64_t W = s.world;
-  // hsdp holds what zero3 holds over its shard group (N ranks); the all-reduce across the groups is in
-  // place.
-  const bool z3 = s.strategy == "zero3" || s.strategy == "hsdp", z12 = s.strategy == "zero1" || s.strategy == "zero2";
-  const int64_t N = s.sharding();
-  Tape t;
-  MemoryPrediction out;
+namespace {
 
-  const T resident = t.data(s.resident_data_bytes, 1);  // held for the whole replay, as the data source is
-  out.data = s.resident_data_bytes;
-  std::vector<T> bufs;
-  for (int64_t b : layout.buffers) bufs.push_back(t.data(b, 1));
+// One rank's training steps on the tape: the strategy's set-up, then two steps (the first creates the
+// optimizer's state), each phase's peak taken as the memory probe takes it. Each method mirrors the
+// code it names.
+class StepReplay {
+ public:
+  explicit StepReplay(const StepSetup& s)
+      : s_(s), r_(s.replay), layout_(param_layout(r_)), pe_(r_.num.param), oe_(r_.num.optimizer_bytes()), W_(s.world()),
+        N_(s.sharding()) {
+    const std::string st = s.strategy();
+    // With masters every strategy but zero1/zero2 runs on full sharding's units (make_strategy).
+    units_ = st == "zero3" || st == "hsdp" || (r_.num.master && (st == "single" || st == "ddp"));
+    if (units_ && st != "zero3" && st != "hsdp") N_ = 1;  // units without a shard group
+    sharded_ = units_ && N_ > 1;
+  }
+  MemoryPrediction run();
 
-  // ---- parameters and the strategy's buffers (setup) -----------------------------------------
-  // Parameters in layout order: root first, then each block's.
-  std::vector<int64_t> numels = layout.root;
-  std::vector<std::pair<size_t, size_t>> block_range;  // per block, [begin, end) in numels
-  for (const auto& b : layout.blocks) {
-    block_range.emplace_back(numels.size(), numels.size() + b.size());
-    numels.insert(numels.end(), b.begin(), b.end());
-  }
-  const int64_t total = layout.total();
-  std::vector<T> params;
-  T flat, flat_grad, bucket_grads;
-  std::vector<T> owned_grads;  // zero: the optimizer's shard gradients (persistent)
-  int64_t opt_numel = 0, largest_opt = 0;
-  std::vector<int64_t> unit_numel;  // zero3: root, then blocks
-  if (z3) {
-    unit_numel.push_back(std::accumulate(layout.root.begin(), layout.root.end(), int64_t{0}));
-    for (const auto& b : layout.blocks) unit_numel.push_back(std::accumulate(b.begin(), b.end(), int64_t{0}));
-  }
-  // Parameter handles (their storage: the tensors themselves, or views of a flat buffer).
-  for (int64_t n : numels) params.push_back(t.param(n, pe));
-  if (s.strategy == "single" || s.strategy == "ddp") {
-    opt_numel = total;
-    for (int64_t n : numels) largest_opt = std::max(largest_opt, n);
-    if (s.strategy == "ddp") {
-      bucket_grads = t.data(total, pe);  // gradient_as_bucket_view: the gradients are the buckets
-      for (const T& p : params) t.adopt_param_grad(p);
+ private:
+  void setup();
+  void step(int index);
+  void zero_grad();
+  void forward(bool record);
+  void backward(bool record);
+  void optimizer();
+  void set_model_state();
+  // Full sharding's block wrapper: Zero3BlockFunction (suites/parallel/fully_shard.cpp).
+  T unit_block(size_t i, const Tape::BlockFn& body, const T& x);
+  int64_t unit_bytes(size_t u) const { return padded(unit_numel_[u]) * pe_; }  // a unit's gathered flat buffer
+  int64_t shard_numel(size_t u) const { return padded(unit_numel_[u]) / N_; }
+  int64_t padded(int64_t n) const { return (n + N_ - 1) / N_ * N_; }
+  // All-gathering a shard with masters casts it first: a temporary of the compute dtype (one shard).
+  int64_t cast_source(size_t u) const { return r_.num.master && sharded_ ? shard_numel(u) * pe_ : 0; }
+
+  const StepSetup& s_;
+  const Replay& r_;
+  const ParamLayout layout_;
+  const int pe_, oe_;  // compute parameter and optimizer element bytes
+  const int64_t W_;
+  int64_t N_;
+  bool units_ = false, sharded_ = false;
+  Tape t_;
+  MemoryPrediction out_;
+  std::vector<T> params_, opt_state_, buffers_;
+  T loss_;
+  std::pair<T, T> batch_;  // the step's input and target, held until its optimizer step
+  std::vector<int64_t> numels_, unit_numel_;  // parameters in layout order (root first); units: root, then blocks
+  T flat_, flat_grad_, bucket_grads_, accumulator_, fp16_masters_;
+  std::vector<T> owned_;  // the optimizer's shards and their gradients (persistent)
+  int64_t opt_numel_ = 0, largest_opt_ = 0, total_ = 0;
+  int64_t fwd_ = 0, bwd_ = 0, optim_ = 0;
+};
+
+void StepReplay::setup() {
+  for (int64_t b : layout_.buffers) buffers_.push_back(t_.data(b, 1));  // BatchNorm statistics, held
+  numels_ = layout_.root;
+  for (const auto& b : layout_.blocks) numels_.insert(numels_.end(), b.begin(), b.end());
+  total_ = layout_.total();
+  for (int64_t n : numels_) params_.push_back(t_.param(n, pe_));
+  const std::string st = s_.strategy();
+  const bool z12 = st == "zero1" || st == "zero2";
+  if (units_) {
+    // make_unit: each unit flat and sharded, its fp32 master (or the parameters' own dtype) slice and
+    // that slice's gradient kept; the flat buffers released until gathered.
+    unit_numel_.push_back(std::accumulate(layout_.root.begin(), layout_.root.end(), int64_t{0}));
+    for (const auto& b : layout_.blocks) unit_numel_.push_back(std::accumulate(b.begin(), b.end(), int64_t{0}));
+    t_.release(total_ * pe_);
+    const int se = r_.num.master ? r_.num.master : pe_;
+    for (size_t u = 0; u < unit_numel_.size(); ++u) {
+      owned_.push_back(t_.data(shard_numel(u), se));
+      owned_.push_back(t_.data(shard_numel(u), se));
+      opt_numel_ += shard_numel(u);
+      largest_opt_ = std::max(largest_opt_, shard_numel(u));
+    }
+    for (size_t i = 0; i < layout_.root.size(); ++i) t_.adopt_param_grad(params_[i]);
+  } else if (st == "single" || st == "ddp") {
+    opt_numel_ = total_;
+    for (int64_t n : numels_) largest_opt_ = std::max(largest_opt_, n);
+    if (st == "ddp") {
+      bucket_grads_ = t_.data(total_, pe_);  // gradient_as_bucket_view: the gradients are the buckets
+      for (const T& p : params_) t_.adopt_param_grad(p);
     }
   } else if (z12) {
     // FlatParams: the parameters become views of one flat buffer padded to the world size.
-    t.release(total * pe);
-    flat = t.data(padded(total, W), pe);
-    flat_grad = t.data(padded(total, W), pe);
-    opt_numel = largest_opt = padded(total, W) / W;
-    if (s.strategy == "zero1") {
-      bucket_grads = t.data(total, pe);  // the reducer's own buckets (not views of the gradients)
+    const int64_t flat = (total_ + W_ - 1) / W_ * W_;
+    t_.release(total_ * pe_);
+    flat_ = t_.data(flat, pe_);
+    flat_grad_ = t_.data(flat, pe_);
+    opt_numel_ = largest_opt_ = flat / W_;
+    if (r_.num.master) {  // MasterZero12: the fp32 slice and its gradient; zero1's full gradient buffer
+      owned_.push_back(t_.data(opt_numel_, oe_));
+      if (st == "zero1") accumulator_ = t_.data(flat, r_.num.reduce);
+      if (!accumulator_ || r_.num.reduce != oe_) owned_.push_back(t_.data(opt_numel_, oe_));  // else a view of it
+      t_.release(flat_grad_.bytes());  // allocated by zero_grad
+    } else if (st == "zero1") {
+      bucket_grads_ = t_.data(total_, pe_);  // the reducer's own buckets (not views of the gradients)
     } else {
-      owned_grads.push_back(t.data(opt_numel, pe));
-      t.release(flat_grad.bytes());  // released until zero_grad
+      owned_.push_back(t_.data(opt_numel_, pe_));
+      t_.release(flat_grad_.bytes());  // released until zero_grad
     }
-    for (const T& p : params) t.adopt_param_grad(p);
-  } else if (z3) {
-    t.release(total * pe);  // flattened per unit, then released: each rank keeps shards
-    for (int64_t u : unit_numel) {
-      const int64_t shard = padded(u, N) / N;
-      owned_grads.push_back(t.data(shard, pe));  // shard (its own memory)
-      owned_grads.push_back(t.data(shard, pe));  // its gradient: zeros_like
-      opt_numel += shard;
-      largest_opt = std::max(largest_opt, shard);
-    }
-    for (size_t i = 0; i < layout.root.size(); ++i) t.adopt_param_grad(params[i]);
+    for (const T& p : params_) t_.adopt_param_grad(p);
   } else {
-    throw UsageError("unknown parallel strategy '" + s.strategy + "'");
+    throw UsageError("unknown parallel strategy '" + st + "'");
   }
-  out.baseline = t.live();
+}
+
+void StepReplay::zero_grad() {
+  const std::string st = s_.strategy();
+  if (st == "single" && !units_) t_.free_param_grads();
+  if (st == "zero2" || (r_.num.master && (st == "zero1" || st == "zero2"))) t_.alloc(flat_grad_.bytes());
+  if (r_.num.fp16_emulated) {  // Fp16WeightRounding::round: fp32 masters, each parameter through fp16
+    if (!fp16_masters_) fp16_masters_ = t_.data(total_, 4);
+    t_.transient(*std::max_element(numels_.begin(), numels_.end()) * 2);
+  }
+}
+
+T StepReplay::unit_block(size_t i, const Tape::BlockFn& body, const T& x) {
+  // Zero3BlockFunction: gather the block, prefetch the next, run the block's own graph, reshard; in
+  // backward gather again (prefetching the previous), reduce-scatter. A prefetched buffer is counted by
+  // the block that prefetched it while that block runs, then again by its own gather (the same memory);
+  // a prefetch's cast source (with masters) lives until that gather.
+  const size_t u = i + 1, blocks = layout_.blocks.size();
+  const int64_t bytes = unit_bytes(u), shard = shard_numel(u);
+  const std::string how = s_.reshard_after_forward;
+  const int64_t r = how == "true" || how == "false" || !sharded_ ? 0 : std::stoll(how);
+  const bool keep_all = how == "false" || r == 1, keep_slice = r > 1 && r < N_;
+  const bool prefetch = s_.prefetch && sharded_;
+  // A kept buffer or slice is not prefetched in backward (Unit::prefetch).
+  const bool prefetch_bwd = prefetch && !keep_all && !keep_slice;
+  const int64_t next_fwd = prefetch && i + 1 < blocks ? unit_bytes(u + 1) + cast_source(u + 1) : 0;
+  const int64_t next_bwd = prefetch_bwd && i > 0 ? unit_bytes(u - 1) + cast_source(u - 1) : 0;
+  const bool prefetched_fwd = prefetch && i > 0, prefetched_bwd = prefetch_bwd && i + 1 < blocks;
+  const int gelem = r_.num.master ? r_.num.reduce : pe_, se = r_.num.master ? r_.num.master : pe_;
+  t_.alloc(bytes);
+  if (prefetched_fwd) t_.release(cast_source(u));  // the prefetch's cast source goes once it arrived
+  else t_.transient(cast_source(u));
+  if (next_fwd) t_.alloc(next_fwd);
+  T y = t_.own_graph(body, x, [=, this](Tape& tape, const std::function<void()>& run) {
+    if (keep_slice) {
+      tape.alloc(bytes);  // gathered from the kept slices, which then go
+      tape.release(bytes / r);
+    } else if (!keep_all) {
+      tape.alloc(bytes);
+      if (prefetched_bwd) tape.release(cast_source(u));
+      else tape.transient(cast_source(u));
+    }
+    if (next_bwd) tape.alloc(next_bwd);
+    run();
+    tape.release(bytes);
+    // Unit::reduce: the reduce_dtype buffer, the slice out (converted to the shard's dtype: a second
+    // slice, the first gone), the buffer released; the slice accumulated into the shard's gradient goes,
+    // then the gradients torch::autograd::grad returned.
+    const int64_t buffer = padded(unit_numel_[u]) * gelem;
+    tape.alloc(buffer);
+    tape.alloc(shard * gelem);
+    if (gelem != se) tape.alloc(shard * se), tape.release(shard * gelem);
+    tape.release(buffer);
+    tape.release(shard * (gelem != se ? se : gelem));
+    tape.free_collected();
+    if (next_bwd) tape.release(next_bwd - cast_source(u - 1));  // counted again by that block's gather
+  });
+  // After the forward: free the flat buffer, keep it, or keep a 1/r slice of it.
+  if (keep_slice) t_.alloc(bytes / r);
+  if (!keep_all) t_.release(bytes);
+  if (next_fwd) t_.release(next_fwd - cast_source(u + 1));  // counted again by the next block's gather
+  return y;
+}
+
+void StepReplay::forward(bool record) {
+  const int64_t W = W_;
+  T input, target;
+  if (r_.model.language_model()) {
+    input = t_.data(W * r_.batch * r_.model.seq_len, 8);
+    target = t_.data(W * r_.batch * r_.model.seq_len, 8);
+  } else {
+    input = t_.data(W * r_.batch * r_.channels * r_.height * r_.width, 4);
+    target = t_.data(W * r_.batch, 8);
+    if (pe_ != 4) input = t_.data(r_.batch * r_.channels * r_.height * r_.width, pe_);  // .to(param dtype)
+  }
+  t_.reset_phase();
+  zero_grad();
+  if (units_) {  // before_forward: the root unit gathered for the step, its gradient buffer allocated
+    t_.alloc(unit_bytes(0));
+    t_.transient(cast_source(0));
+    t_.alloc(unit_bytes(0));
+  }
+  const int64_t start = t_.live();
+  if (units_) t_.block_wrapper = [this](size_t i, const Tape::BlockFn& body, const T& x) { return unit_block(i, body, x); };
+  loss_ = forward_loss(t_, r_, params_, input, target);
+  t_.block_wrapper = nullptr;
+  t_.autocast_cache.clear();  // the step's autocast region exits with the forward
+  if (record) {
+    out_.forward_costs = t_.forward_costs;
+    out_.forward_ops = t_.ops;
+  }
+  t_.forward_costs.clear();
+  t_.recompute_costs.clear();
+  t_.ops = 0;
+  fwd_ = std::max(fwd_, t_.phase_peak());
+  out_.activations = std::max(out_.activations, t_.phase_peak() - start);
+  batch_ = {input, target};
+}
+
+void StepReplay::backward(bool record) {
+  const std::string st = s_.strategy();
+  t_.reset_phase();
+  T scaled = r_.num.scaler ? t_.data(1, 4) : T();
+  t_.backward(loss_);
+  loss_ = T();
+  scaled = T();
+  if (record) out_.recompute_costs = t_.recompute_costs;
+  if (r_.num.master && (st == "zero1" || st == "zero2")) {
+    // MasterZero12::reduce_gradients: zero2 converts into a reduce_dtype copy (zero1 into its buffer),
+    // frees the bf16 gradients, reduce-scatters into a slice that is copied into the fp32 gradient.
+    const int64_t flat = flat_grad_.numel;
+    if (st == "zero2") t_.alloc(flat * r_.num.reduce);
+    t_.release(flat_grad_.bytes());
+    t_.transient(opt_numel_ * r_.num.reduce);
+    if (st == "zero2") t_.release(flat * r_.num.reduce);
+  } else if (st == "zero2") {  // the shard's gradient copied from the flat buffer, which is released
+    t_.release(flat_grad_.bytes());
+  }
+  if (units_) {
+    // reduce_gradients: the root's gradients (converted to reduce_dtype with masters), its slice, then
+    // its flat buffer and gradient buffer released.
+    const int64_t root = padded(unit_numel_[0]);
+    const int gelem = r_.num.master ? r_.num.reduce : pe_;
+    if (gelem != pe_) t_.alloc(root * gelem);
+    t_.transient(shard_numel(0) * gelem + (r_.num.master && gelem != 4 ? shard_numel(0) * 4 : 0));
+    if (gelem != pe_) t_.release(root * gelem);
+    t_.release(2 * unit_bytes(0));
+  }
+  bwd_ = std::max(bwd_, t_.phase_peak());
+}
+
+void StepReplay::optimizer() {
+  t_.reset_phase();
+  // The optimizer's step over its tensors (the parameters, or this rank's shards).
+  if (r_.num.fp16_emulated && !r_.num.scaler) t_.transient(*std::max_element(numels_.begin(), numels_.end()));  // isfinite(grad)
+  const int64_t words = s_.optimizer == "sgd" ? 1 : 2;
+  // AdamW: (exp_avg_sq.sqrt() / c).add_(eps), two temporaries of the parameter; SGD: weight decay's add.
+  const int64_t temp = (s_.optimizer == "sgd" ? (s_.weight_decay != 0 ? 1 : 0) : 2) * largest_opt_ * oe_;
+  if (opt_state_.empty()) {
+    // State is created parameter by parameter inside the first step, next to the step's temporaries.
+    t_.transient(opt_numel_ * words * oe_ + temp);
+    opt_state_.push_back(t_.data(opt_numel_ * words, oe_));
+  } else {
+    t_.transient(temp);
+  }
+  // MasterZero12::after_step: the slice cast to bf16, all-gathered into the copy.
+  if (r_.num.master && !units_) t_.transient(opt_numel_ * pe_);
+  optim_ = std::max(optim_, t_.phase_peak());
+  batch_ = {};
+}
+
+void StepReplay::set_model_state() {
+  // Model state as the strategy counts it at the end of a step.
+  const std::string st = s_.strategy();
+  const int64_t words = s_.optimizer == "sgd" ? 1 : 2;
+  ModelState& m = out_.state;
+  m.optimizer = opt_numel_ * words * oe_;
+  if (units_) {
+    const int se = r_.num.master ? r_.num.master : pe_;
+    m.params = m.grads = opt_numel_ * se;
+  } else if (st == "single" || st == "ddp") {
+    m.params = m.grads = total_ * pe_;
+  } else if (r_.num.master) {
+    m.params = flat_.bytes() + opt_numel_ * oe_;
+    m.grads = (accumulator_ && r_.num.reduce == oe_ ? 0 : opt_numel_ * oe_) + (accumulator_ ? accumulator_.bytes() : 0);
+  } else {
+    m.params = flat_.bytes();
+    m.grads = st == "zero1" ? flat_.bytes() : opt_numel_ * pe_;
+  }
+}
+
+void StepReplay::step(int index) {
+  forward(index == 1);
+  backward(index == 1);
+  optimizer();
+}
+
+MemoryPrediction StepReplay::run() {
+  const T resident = t_.data(s_.resident_data_bytes, 1);  // held for the whole replay, as the data source is
+  out_.data = s_.resident_data_bytes;
+  setup();
+  out_.baseline = t_.live();
   // The memory probe's peak starts here (run_begin): building the full model before sharding it is
   // set-up, not training.
-  t.reset_peak();
+  t_.reset_peak();
   // Allocated by the first step's GEMMs and kept: inside the probe's peak, not its baseline.
-  if (s.replay.persistent_workspace > 0) t.alloc(s.replay.persistent_workspace);
+  if (r_.persistent_workspace > 0) t_.alloc(r_.persistent_workspace);
+  for (int i = 0; i < 2; ++i) step(i);
+  out_.forward = fwd_;
+  out_.backward = bwd_;
+  out_.optimizer = optim_;
+  out_.peak = t_.peak();
+  set_model_state();
+  return out_;
+}
 
-  T fp16_masters;
-  std::vector<T> opt_state;
-  int64_t fwd = 0, bwd = 0, optim = 0;
-  for (int step = 0; step < 2; ++step) {
-    // The batch: the global batch drawn, each rank's slice a view of it.
-    T input, target;
-    const bool tokens = r.model.language_model();
-    if (tokens) {
-      input = t.data(W * r.batch * r.model.seq_len, 8);
-      target = t.data(W * r.batch * r.model.seq_len, 8);
-    } else {
-      input = t.data(W * r.batch * r.channels * r.height * r.width, 4);
-      target = t.data(W * r.batch, 8);
-      if (pe != 4) input = t.data(r.batch * r.channels * r.height * r.width, pe);  // .to(param dtype)
-    }
-    t.reset_phase();
-    // zero_grad
-    if (s.strategy == "single") t.free_param_grads();
-    if (s.strategy == "zero2") t.alloc(flat_grad.bytes());
-    if (r.num.fp16_emulated) {  // Fp16WeightRounding::round: fp32 masters, each parameter through fp16
-      if (!fp16_masters) fp16_masters = t.data(total, 4);
-      int64_t largest = 0;
-      for (int64_t n : numels) largest = std::max(largest, n);
-      t.transient(largest * 2);
-    }
-    int64_t gathered = 0;
-    if (z3) {  // before_forward: the root unit gathered for the step, its gradient buffer allocated
-      t.alloc(padded(unit_numel[0], N) * pe * 2);
-      gathered += padded(unit_numel[0], N) * pe * 2;
-    }
-    const int64_t start = t.live();
-    T loss;
-    {
-      if (z3) {
-        // Zero3BlockFunction: gather the block (and prefetch the next) around its forward, keep its
-        // graph, release; in backward gather again (prefetching the previous), reduce-scatter.
-        t.block_wrapper = [&t, &unit_numel, N, pe, prefetch = s.prefetch](size_t i, const std::function<T(Tape&, const T&)>& body,
-                                                              const T& x) -> T {
-          const int64_t blocks = static_cast<int64_t>(unit_numel.size()) - 1;
-          const int64_t bytes = padded(unit_numel[i + 1], N) * pe;
-          const int64_t next_fwd = prefetch && static_cast<int64_t>(i) + 1 < blocks ? padded(unit_numel[i + 2], N) * pe : 0;
-          const int64_t next_bwd = prefetch && i > 0 ? padded(unit_numel[i], N) * pe : 0;
-          t.alloc(bytes);  // gather (or the prefetch that already holds it)
-          if (next_fwd) t.alloc(next_fwd);
-          T y = t.own_graph(body, x, [bytes, next_bwd, N, pe](Tape& tape, const std::function<void()>& run) {
-            tape.alloc(bytes);
-            if (next_bwd) tape.alloc(next_bwd);
-            run();
-            tape.release(bytes);
-            // Unit::reduce: the flat gradient, the shard out, then the returned gradients go.
-            tape.alloc(bytes);
-            tape.transient(bytes / N);
-            tape.release(bytes);
-            tape.free_collected();
-            if (next_bwd) tape.release(next_bwd);  // counted again by that block's gather
-          });
-          t.release(bytes);
-          if (next_fwd) t.release(next_fwd);  // counted again by the next block's gather
-          return y;
-        };
-      }
-      loss = forward_loss(t, r, params, input, target);
-      t.block_wrapper = nullptr;
-      t.autocast_cache.clear();  // the step's autocast region exits with the forward
-      if (step == 1) {
-        out.forward_costs = t.forward_costs;
-        out.forward_ops = t.ops;
-      }
-      t.forward_costs.clear();
-      t.recompute_costs.clear();
-      t.ops = 0;
-    }
-    fwd = std::max(fwd, t.phase_peak());
-    out.activations = std::max(out.activations, t.phase_peak() - start);
-    t.reset_phase();
-    T scaled = r.num.scaler ? t.data(1, 4) : T();
-    t.backward(loss);
-    loss = T();
-    scaled = T();
-    if (step == 1) out.recompute_costs = t.recompute_costs;
-    if (s.strategy == "zero2") {  // the shard's gradient copied from the flat buffer, which is released
-      t.release(flat_grad.bytes());
-    }
-    if (z3) t.release(gathered);  // the root's gradient reduce-scattered, its flat buffer released
-    bwd = std::max(bwd, t.phase_peak());
-    t.reset_phase();
-    // The optimizer's step over its tensors (the parameters, or this rank's shards).
-    if (r.num.fp16_emulated && !r.num.scaler) {
-      int64_t largest = 0;
-      for (int64_t n : numels) largest = std::max(largest, n);
-      t.transient(largest);  // isfinite(grad): a bool per element
-    }
-    const int64_t words = s.optimizer == "sgd" ? 1 : 2;
-    if (opt_state.empty()) {
-      // State is created parameter by parameter inside the first step, next to the step's temporaries.
-      const int64_t temp = (s.optimizer == "sgd" ? (s.weight_decay != 0 ? 1 : 0) : 2) * largest_opt * pe;
-      t.transient(opt_numel * words * pe + temp);
-      opt_state.push_back(t.data(opt_numel * words, pe));
-    } else {
-      // AdamW: (exp_avg_sq.sqrt() / c).add_(eps), two temporaries of the parameter; SGD: weight decay's add.
-      t.transient((s.optimizer == "sgd" ? (s.weight_decay != 0 ? 1 : 0) : 2) * largest_opt * pe);
-    }
-    optim = std::max(optim, t.phase_peak());
-    input = T();
-    target = T();
-  }
-  out.forward = fwd;
-  out.backward = bwd;
-  out.optimizer = optim;
-  out.peak = t.peak();
-  // Model state as the strategy counts it at the end of a step.
-  const int64_t words = s.optimizer == "sgd" ? 1 : 2;
-  out.state.optimizer = opt_numel * words * pe;
-  if (s.strategy == "single" || s.strategy == "ddp") {
-    out.state.params = total * pe;
-    out.state.grads = total * pe;
-  } else if (z12) {
-    out.state.params = padded(total, W) * pe;
-    out.state.grads = s.strategy == "zero1" ? padded(total, W) * pe : opt_numel * pe;
-  } else {
-    out.state.params = opt_numel * pe;
-    out.state.grads = opt_numel * pe;
-  }
-  return out;
+}  // namespace
+
+MemoryPrediction predict_memory(const StepSetup& s) {
+  if (const std::string why = replay_unsupported(s.replay.model); !why.empty()) throw UsageError(why);
+  return StepReplay(s).run();
 }
 
 }  // namespace trainscope::plan

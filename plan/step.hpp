@@ -5,20 +5,22 @@
 #include <string>
 
 #include "core/config.hpp"
+#include "core/layout.hpp"
 #include "plan/models.hpp"
 
 namespace trainscope::plan {
 
 struct StepSetup {
   Replay replay;
-  std::string strategy = "single";  // single | ddp | zero1 | zero2 | zero3 | hsdp
-  int64_t world = 1;
-  int64_t shard = 0;  // hsdp: ranks per shard group (0: the world, i.e. zero3)
-  // The ranks one copy of the model state is sharded over: hsdp's shard group, else the world.
-  int64_t sharding() const { return strategy == "hsdp" && shard > 0 ? shard : world; }
+  ParallelLayout layout;  // core/layout.hpp: what `trainscope run` resolves from the same configuration
+  std::string strategy() const { return layout.strategy(); }  // single | ddp | zero1 | zero2 | zero3 | hsdp
+  int64_t world() const { return layout.world(); }
+  // The ranks one copy of the model state is sharded over: the dp_shard group, else the world.
+  int64_t sharding() const { return layout.dp_shard > 1 ? layout.dp_shard : world(); }
   std::string optimizer = "adamw";
   double weight_decay = 0.0;
   bool prefetch = true;
+  std::string reshard_after_forward = "true";  // zero3, hsdp (and with masters ddp): true | false | r
   double bucket_mb = 25.0;  // ddp / zero1 / zero2 gradient buckets
   bool grad_clip = false;
   int64_t resident_data_bytes = 0;  // the data set held in memory (CPU runs: it counts in the peak)

@@ -22,6 +22,17 @@ T Tape::param(int64_t numel, int elem) {
   return t;
 }
 
+Node Tape::node(const std::vector<const T*>& in, const T& out, const std::vector<const T*>& saved, int64_t backward_workspace) {
+  Node n;
+  for (const T* t : in)
+    if (t && t->grad()) n.inputs.emplace_back(t->id, t->bytes());
+  n.outputs.push_back(out.id);
+  for (const T* t : saved)
+    if (t && t->storage) n.saved.push_back(t->storage);
+  n.work = backward_workspace;
+  return n;
+}
+
 T Tape::op(const std::vector<const T*>& in, int64_t out, int elem, const std::vector<const T*>& saved,
            bool save_output, int64_t extra_saved, OpCost cost, int64_t workspace, int64_t backward_workspace) {
   if (recording_cost) ++ops;
@@ -37,15 +48,9 @@ T Tape::op(const std::vector<const T*>& in, int64_t out, int elem, const std::ve
     if (extra_saved > 0) transient(extra_saved);
     return o;
   }
-  Node n;
-  for (const T* t : in)
-    if (t && t->grad()) n.inputs.emplace_back(t->id, t->bytes());
-  n.outputs.push_back(o.id);
-  for (const T* t : saved)
-    if (t && t->storage) n.saved.push_back(t->storage);
+  Node n = node(in, o, saved, backward_workspace);
   if (save_output) n.saved.push_back(o.storage);
   if (extra_saved > 0) n.saved.push_back(std::make_shared<Storage>(this, extra_saved));
-  n.work = backward_workspace;
   nodes_.push_back(std::move(n));
   return o;
 }
@@ -66,13 +71,31 @@ T Tape::part(const T& base, int64_t numel) {
   return v;
 }
 
+T Tape::served(const std::vector<const T*>& in, const T& kept, const std::vector<const T*>& saved, int64_t backward_workspace) {
+  T o = kept;
+  o.param = false;
+  o.id = -1;
+  bool wants = false;
+  for (const T* t : in)
+    if (t && t->grad()) wants = true;
+  last_node_ = wants && grad_enabled;
+  if (!last_node_) return o;
+  o.id = next_id_++;
+  nodes_.push_back(node(in, o, saved, backward_workspace));
+  return o;
+}
+
 T Tape::checkpoint(const std::function<T(Tape&, const T&)>& fn, const T& x, const std::vector<const T*>& extras,
-                   const std::vector<const T*>& params) {
+                   const std::vector<const T*>& params, bool op_level) {
   T y;
+  std::shared_ptr<SacState> state = op_level ? std::make_shared<SacState>() : nullptr;
   {
     const bool before = grad_enabled;
     grad_enabled = false;  // CheckpointFunction::forward runs the block with grad mode off
+    std::shared_ptr<SacState> outer = sac;
+    sac = state;
     T inner = fn(*this, x);
+    sac = outer;
     grad_enabled = before;
     y = inner;
   }
@@ -86,16 +109,28 @@ T Tape::checkpoint(const std::function<T(Tape&, const T&)>& fn, const T& x, cons
   n.outputs.push_back(y.id);
   n.saved.push_back(x.storage);
   for (const T* e : extras) n.saved.push_back(e->storage);
+  if (state)  // selective-op's kept outputs live with the checkpoint until its backward
+    for (const auto& outputs : state->kept)
+      for (const T& k : outputs) n.saved.push_back(k.storage);
   // Backward: the block re-runs with grad on (on the saved input itself: detach() shares its storage),
   // then its own nodes run with the incoming gradient as the seed; the recomputed graph goes with them.
   T x_copy = x;
   std::vector<std::pair<int, int64_t>> params_in;
   for (const T* p : params) params_in.emplace_back(p->id, p->bytes());
-  n.recompute = [fn, x_copy, params_in](Tape& tape, int out_id) {
+  n.recompute = [fn, x_copy, params_in, state](Tape& tape, int out_id) {
     const bool rec = tape.recording_cost;
     tape.recording_cost = false;
     const size_t mark = tape.nodes_.size();
+    std::shared_ptr<SacState> outer = tape.sac;
+    if (state) {
+      state->recompute = true;
+      state->mm = 0;
+      state->next = 0;
+    }
+    tape.sac = state;
     T y2 = fn(tape, x_copy);
+    tape.sac = outer;
+    if (state) state->kept.clear();  // the recomputed graph's nodes hold what they still need
     tape.autocast_cache.clear();  // the recompute's autocast region is the outermost: its exit clears the cache
     tape.recording_cost = rec;
     // The seed is the incoming gradient itself (no copy), which the outer engine holds until this node

@@ -104,8 +104,22 @@ class Tape {
   // base; views of the same elements (reshape, transpose) are the tensor itself.
   T part(const T& base, int64_t numel);
   // Checkpointing: runs `fn` without recording, keeps `x` and `extras`, and re-runs it in backward.
+  // op_level (selective-op): the operators the model marks as saved keep their outputs from the forward
+  // (held with x) and serve them to the recomputation (suites/techniques/checkpoint.cpp).
   T checkpoint(const std::function<T(Tape&, const T&)>& fn, const T& x, const std::vector<const T*>& extras,
-               const std::vector<const T*>& params);
+               const std::vector<const T*>& params, bool op_level = false);
+
+  // The state of the selective-op checkpoint whose block runs now (null outside one).
+  struct SacState {
+    bool recompute = false;
+    int mm = 0;        // unbiased matmuls so far in this pass: every second one is recomputed
+    size_t next = 0;   // the next kept output the recomputation is served
+    std::vector<std::vector<T>> kept;  // per saved operator, its outputs (attention: out and log-sum-exp)
+  };
+  std::shared_ptr<SacState> sac;
+  // A saved operator in the recomputation: a node with the operator's inputs and saved tensors whose
+  // output is the kept tensor (no allocation, no cost: the forward computed it).
+  T served(const std::vector<const T*>& in, const T& kept, const std::vector<const T*>& saved, int64_t backward_workspace = 0);
 
   // A block run as its own graph (zero3's Zero3BlockFunction): `fn` records into a separate graph
   // whose output's gradient seeds it in backward; `bwd(run)` wraps running it (gather, prefetch,
@@ -146,6 +160,8 @@ class Tape {
   bool recording_cost = true;
 
  private:
+  // The autograd node of an operator: its inputs that want gradients, its output, what it saves.
+  Node node(const std::vector<const T*>& in, const T& out, const std::vector<const T*>& saved, int64_t backward_workspace);
   void run_nodes(size_t from);
   int next_id_ = 0;
   int64_t live_ = 0, peak_ = 0, phase_peak_ = 0;

@@ -122,13 +122,20 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
   // The optimizer: LibTorch's AdamW makes ~9 kernels and ~23 element accesses per parameter element
   // (decay, both moments, sqrt, division, the update); SGD with momentum ~3 and ~8.
   const ParamLayout layout = param_layout(s.replay);
-  const int64_t total = layout.total(), W = s.world, pe = s.replay.num.param;
+  const int64_t total = layout.total(), W = s.world(), pe = s.replay.num.param, oe = s.replay.num.optimizer_bytes();
+  const std::string st = s.strategy();
+  const bool master = s.replay.num.master > 0;
+  // Full sharding's units: zero3 and hsdp, and with masters one process and ddp (units without a shard
+  // group, suites/parallel/strategies.cpp: make_strategy).
+  const bool sharded = st == "zero3" || st == "hsdp", units = sharded || (master && (st == "single" || st == "ddp"));
+  const int64_t unit_group = sharded ? s.sharding() : 1;
+  const int64_t gelem = master ? s.replay.num.reduce : pe;  // the gradients' bytes as reduced
   std::vector<int64_t> opt_tensors;
-  if (s.strategy == "single" || s.strategy == "ddp") {
+  if (!units && (st == "single" || st == "ddp")) {
     opt_tensors = layout.root;
     for (const auto& b : layout.blocks) opt_tensors.insert(opt_tensors.end(), b.begin(), b.end());
-  } else if (s.strategy == "zero3" || s.strategy == "hsdp") {
-    const int64_t N = s.sharding();
+  } else if (units) {
+    const int64_t N = unit_group;
     opt_tensors.push_back(padded(std::accumulate(layout.root.begin(), layout.root.end(), int64_t{0}), N) / N);
     for (const auto& b : layout.blocks) opt_tensors.push_back(padded(std::accumulate(b.begin(), b.end(), int64_t{0}), N) / N);
   } else {
@@ -138,7 +145,7 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
   double optimizer_host = 0;
   for (int64_t n : opt_tensors) {
     optimizer_host += (sgd ? 3 : 9) * d.op_overhead_s;
-    t.optimizer_s += (sgd ? 3 : 9) * d.op_overhead_s + d.memory_seconds(static_cast<double>((sgd ? 8 : 23) * n * pe));
+    t.optimizer_s += (sgd ? 3 : 9) * d.op_overhead_s + d.memory_seconds(static_cast<double>((sgd ? 8 : 23) * n * oe));
   }
   t.optimizer_s *= slow * (cal ? cal->optimizer : 1.0);
   const double micro = t.forward_s + t.backward_s + t.recompute_s;
@@ -159,9 +166,16 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
     t.collectives.push_back({{"op", op}, {"bytes", bytes}, {"calls", calls}, {"seconds", sec * calls}, {"exposed_s", exposed}});
     return sec;
   };
-  if (W > 1 && s.strategy != "single") {
+  if (W > 1 && st != "single") {
     const double grads = static_cast<double>(total * pe);
-    if (s.strategy == "ddp" || s.strategy == "zero1" || s.strategy == "zero2") {
+    if (master && (st == "zero1" || st == "zero2")) {
+      // MasterZero12: one reduce-scatter of the whole gradient in reduce_dtype after backward, one
+      // all-gather of the bf16 copy after the step: nothing left to hide either.
+      const double flat = static_cast<double>(padded(total, W));
+      add("reduce-scatter", flat * static_cast<double>(gelem), 1, d.collective_seconds("reduce-scatter", flat * gelem, W, inter));
+      add("all-gather", flat * static_cast<double>(pe), 1, d.collective_seconds("all-gather", flat * pe, W, inter));
+      t.overlap_rule = "the gradients reduce-scattered after backward and the parameters all-gathered after the step: exposed";
+    } else if (!units && (st == "ddp" || st == "zero1" || st == "zero2")) {
       // Buckets as c10d's compute_bucket_assignment_by_size makes them: whole parameters in order, a
       // bucket closed once it reaches its limit (1 MiB for the first, bucket_mb after), reduced as
       // backward produces them: hidden behind the rest of backward, except what outlasts it and the
@@ -180,7 +194,7 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
       for (const auto& b : layout.blocks)
         for (int64_t n : b) add_param(n);
       if (open > 0) buckets.push_back(open);
-      const std::string op = s.strategy == "zero2" ? "reduce-scatter" : "all-reduce";
+      const std::string op = st == "zero2" ? "reduce-scatter" : "all-reduce";
       double sum = 0, last = 0;
       for (double b : buckets) {
         last = d.collective_seconds(op, b, W, inter);
@@ -190,24 +204,24 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
       t.comm_s += sum;
       t.exposed_comm_s += exposed;
       t.collectives.push_back({{"op", op}, {"bytes", grads}, {"calls", buckets.size()}, {"seconds", sum}, {"exposed_s", exposed}});
-      if (s.strategy != "ddp") {
+      if (st != "ddp") {
         const double flat = static_cast<double>(padded(total, W) * pe);
         const double ag = d.collective_seconds("all-gather", flat, W, inter);
         add("all-gather", flat, 1, ag);  // after the optimizer step: nothing left to hide it
       }
       t.overlap_rule = "gradient buckets reduced during backward (exposed: what outlasts backward, at least the last bucket)" +
-                       std::string(s.strategy == "ddp" ? "" : "; the parameter all-gather after the step is exposed");
-    } else if (s.strategy == "zero3" || s.strategy == "hsdp") {
+                       std::string(st == "ddp" ? "" : "; the parameter all-gather after the step is exposed");
+    } else if (units) {
       // Each block: all-gather before its forward and again before its backward, reduce-scatter of its
       // gradients after. With prefetch the next block's gather runs under the current block's compute.
       // hsdp runs these within its shard group of N ranks (inside a node when N fits one: the fast
       // links), then all-reduces each gradient slice across the W/N groups, synchronously.
-      const int64_t N = s.sharding(), R = W / std::max<int64_t>(N, 1);
+      const int64_t N = unit_group, R = W / std::max<int64_t>(N, 1);
       const bool shard_inter = N > c.gpus_per_node && c.nodes > 1;
       double ar_total = 0, ar_bytes = 0;
       auto replicas = [&](int64_t unit_bytes, double calls) {
         if (R < 2) return;
-        const double slice = static_cast<double>(unit_bytes / N);
+        const double slice = static_cast<double>(unit_bytes / N / pe * gelem);
         ar_total += d.collective_seconds("all-reduce", slice, R, inter) * calls;
         ar_bytes += slice * calls;
       };
@@ -217,20 +231,26 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
       double ag_total = 0, ag_exposed = 0, rs_total = 0;
       const double root = static_cast<double>(padded(std::accumulate(layout.root.begin(), layout.root.end(), int64_t{0}), N) * pe);
       const double root_ag = d.collective_seconds("all-gather", root, N, shard_inter);
-      const double root_rs = d.collective_seconds("reduce-scatter", root, N, shard_inter);
+      const double root_rs = d.collective_seconds("reduce-scatter", root / pe * gelem, N, shard_inter);
+      // reshard_after_forward: false keeps the gathered block until its backward (no second gather); r
+      // gathers it again over r ranks from the slices kept.
+      const std::string& how = s.reshard_after_forward;
+      const int64_t r = how == "true" || how == "false" ? (how == "true" ? N : 1) : std::stoll(how);
       replicas(static_cast<int64_t>(root), 1);
       ag_total += root_ag;
       ag_exposed += root_ag;
       for (size_t i = 0; i < blocks; ++i) {
         const double bytes = static_cast<double>(padded(std::accumulate(layout.blocks[i].begin(), layout.blocks[i].end(), int64_t{0}), N) * pe);
         const double ag = d.collective_seconds("all-gather", bytes, N, shard_inter);
-        const double rs = d.collective_seconds("reduce-scatter", bytes, N, shard_inter);
+        const double ag_back = r >= N ? ag : d.collective_seconds("all-gather", bytes, r, false);
+        const double rs = d.collective_seconds("reduce-scatter", bytes / pe * gelem, N, shard_inter);
         replicas(static_cast<int64_t>(bytes), static_cast<double>(accumulation));
-        ag_total += 2 * ag * accumulation;
+        ag_total += (ag + ag_back) * accumulation;
         rs_total += rs * accumulation;
         const bool first_f = i == 0, first_b = i + 1 == blocks;
         const double ef = s.prefetch && !first_f ? std::max(0.0, ag - per_block_fwd) : ag;
-        const double eb = s.prefetch && !first_b ? std::max(0.0, ag - per_block_bwd) : ag;
+        // A kept block or slice is not prefetched in backward (suites/parallel/fully_shard.cpp).
+        const double eb = s.prefetch && !first_b && r >= N ? std::max(0.0, ag_back - per_block_bwd) : ag_back;
         ag_exposed += (ef + eb) * accumulation;
       }
       t.comm_s += ag_total + rs_total + root_rs + ar_total;
@@ -253,7 +273,7 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
   t.step_s = t.compute_s + t.exposed_comm_s;
   // hsdp crosses nodes only with its gradient slices: it is bound by the level holding most of its
   // exposed communication.
-  const bool inter_bound = inter && (s.strategy != "hsdp" || t.inter_comm_s > t.exposed_comm_s - t.inter_comm_s);
+  const bool inter_bound = inter && (st != "hsdp" || t.inter_comm_s > t.exposed_comm_s - t.inter_comm_s);
   t.bound = t.exposed_comm_s > t.compute_s ? (inter_bound ? "inter-node communication" : "intra-node communication")
             : d.gpu && t.host_s > t.device_s ? "host dispatch"
                                              : "compute";

@@ -12,6 +12,7 @@
 
 #include "core/build_info.hpp"
 #include "core/errors.hpp"
+#include "core/precision.hpp"
 #include "core/stats.hpp"
 #include "core/units.hpp"
 
@@ -177,6 +178,60 @@ json make_report(const json& env, const json& suite, const std::vector<json>& ce
   if (!pitfalls.is_null()) r["pitfalls"] = pitfalls;
   r["recommendations"] = recommend(r);
   return r;
+}
+
+namespace {
+
+// The measured GEMM peaks of a hardware suite's report: dtype -> achievable FLOP/s.
+std::map<std::string, double> hardware_peaks(const json& hardware) {
+  std::map<std::string, double> out;
+  if (!hardware.is_object()) return out;
+  for (const auto& c : hardware.value("cells", json::array()))
+    for (const auto& g : value_at(c, {"metrics", "hardware", "gemm"}).is_array() ? c["metrics"]["hardware"]["gemm"] : json::array())
+      if (g.value("achievable_flops_per_s", json()).is_number()) out[g["dtype"]] = g["achievable_flops_per_s"];
+  return out;
+}
+
+// The attention core's training FLOPs per sample of a decoder cell, from its shape (reports older
+// than the raw field): 12·L·H·Dh·S per token, S tokens.
+double attention_flops(const json& cell) {
+  const json s = value_at(cell, {"model", "shape"});
+  if (!s.is_object() || (s.value("family", "") != "gpt" && s.value("family", "") != "llama")) return 0;
+  const double S = s.value("seq_len", 0.0);
+  return 12.0 * s.value("layers", 0.0) * s.value("heads", 0.0) * s.value("head_dim", 0.0) * S * S;
+}
+
+}  // namespace
+
+json rederive_report(json report, const json& hardware) {
+  const std::map<std::string, double> measured = hardware_peaks(hardware);
+  const json gpus = value_at(report, {"env", "gpus"});
+  const std::string gpu = gpus.is_array() && !gpus.empty() && gpus[0].is_object() ? gpus[0].value("name", "") : "";
+  for (auto& c : report["cells"]) {
+    json* timing = c.contains("metrics") && c["metrics"].contains("timing") ? &c["metrics"]["timing"] : nullptr;
+    if (!timing || !c.contains("config")) continue;
+    const RunConfig cfg = RunConfig::from_json(c["config"]);
+    const bool cuda = c.value("device", "cpu").rfind("cuda", 0) == 0;
+    const PrecisionTraits& t = precision_traits(cfg.precision);
+    const std::string dtype = compute_dtype(t, cuda, cfg.fp16);
+    json& tm = *timing;
+    if (!tm.contains("gemm_peaks_flops_per_s")) {  // before the raw fields: the peak it measured, in the dtype it named
+      tm["gemm_peaks_flops_per_s"] = json::object();
+      if (tm.value("peak_flops_per_s", json()).is_number() && tm.contains("compute_dtype"))
+        tm["gemm_peaks_flops_per_s"][tm["compute_dtype"].get<std::string>()] = tm["peak_flops_per_s"];
+    }
+    if (!tm.contains("attention_flops_per_sample")) tm["attention_flops_per_sample"] = attention_flops(c);
+    std::vector<std::string> needed = {dtype};
+    if (t.fp8_linear && dtype == "fp8") needed.push_back(t.attention);
+    for (const auto& d : needed)
+      if (!tm["gemm_peaks_flops_per_s"].contains(d) && measured.count(d)) {
+        tm["gemm_peaks_flops_per_s"][d] = measured.at(d);
+        tm["peak_source"] = "measured " + d + " GEMM on this device, by the hardware suite (" + hardware.value("source", std::string("its report")) + ")";
+      }
+    derive_mfu(tm, t, dtype, cuda ? gpu : std::string(), cfg.world_size);
+  }
+  report["recommendations"] = recommend(report);
+  return report;
 }
 
 void write_json_atomic(const std::string& path, const json& j) {

@@ -1,5 +1,5 @@
 #pragma once
-// The JSON report (DESIGN.md's contract, schema in reports/schema/report.schema.json): assembling,
+// The JSON report (docs/architecture.md's contract, schema in reports/schema/report.schema.json): assembling,
 // atomic writing, strict reading, the terminal summary and the recommendations.
 #include <map>
 #include <optional>
@@ -14,6 +14,13 @@ inline constexpr const char* kSchema = "trainscope.report/1";
 
 // A complete report from its parts; recommendations are derived here from the cells and env.
 json make_report(const json& env, const json& suite, const std::vector<json>& cells, const json& frontier = nullptr);
+
+// Every cell's derived timing fields (MFU and its peaks) derived again from its raw measurements with this
+// version's definitions (core/precision.hpp: derive_mfu), and the recommendations with them. A report
+// older than the raw fields keeps the peak it measured, as measured in the dtype it named. `hardware`: a
+// hardware suite's report of the same machine (or null), whose measured GEMM peaks fill a dtype a cell
+// did not measure itself (said in its peak_source).
+json rederive_report(json report, const json& hardware = nullptr);
 
 // Writes to a temporary file in the same folder, flushes it, then renames: readers never see half a file.
 void write_json_atomic(const std::string& path, const json& j);

@@ -11,6 +11,7 @@
 
 #include "core/compat.hpp"
 #include "core/errors.hpp"
+#include "core/layout.hpp"
 #include "core/stats.hpp"
 
 #ifdef TRAINSCOPE_TORCH_CUDA
@@ -49,35 +50,37 @@ std::string unsupported_reason(const RunConfig& c, const std::string& device) {
     if (c.kind == "copy-bandwidth" && !cuda) return "host-device copies need a GPU; this cell runs on " + device;
     return "";
   }
-  if (c.parallel == "single" && c.world_size > 1)
-    return "parallel=single runs one process; world_size " + std::to_string(c.world_size) + " needs ddp or zero1/2/3";
+  // The layout: its degrees multiply to the world size (RunConfig::from_json refused the rest), and this
+  // build implements its dimensions.
+  const ParallelLayout layout = resolve_layout(c);
+  if (!layout.shard_by_host && layout.world() != c.world_size)
+    return "parallel=single runs one process; world_size " + std::to_string(c.world_size) + " needs ddp, zero1/2/3 or a layout";
   if (c.parallel != "single" && c.world_size < 2) return c.parallel + " needs world_size >= 2";
+  if (const std::string why = layout_unsupported(layout); !why.empty()) return why;
+  const std::string level = layout.strategy();
   if (c.world_size > 1) {
     if (c.backend == "nccl" && !cuda) return "nccl needs CUDA devices; this cell runs on " + device;
     if (cuda && c.world_size > static_cast<int64_t>(torch::cuda::device_count()))
       return "needs " + std::to_string(c.world_size) + " GPUs on this machine for its local ranks; LibTorch sees " +
              std::to_string(torch::cuda::device_count());
-    if ((c.parallel == "zero3" || c.parallel == "hsdp") && precision_mode(c.precision, device, c.fp16).emulated)
-      return "fp16 emulation rounds the whole model's weights each step; " + c.parallel + " holds only shards of them";
-    if (c.parallel == "hsdp" && c.hsdp_shard_size > 0 && c.world_size % c.hsdp_shard_size != 0)
-      return "hsdp_shard_size " + std::to_string(c.hsdp_shard_size) + " does not divide world_size " + std::to_string(c.world_size);
+    if ((level == "zero3" || level == "hsdp") && precision_mode(c.precision, device, c.fp16).emulated)
+      return "fp16 emulation rounds the whole model's weights each step; " + level + " holds only shards of them";
   }
-  if (c.precision == "tf32" && !cuda)
-    return "tf32 needs a CUDA GPU (Ampere or newer); this cell runs on " + device;
-  if (c.precision == "fp8" && !cuda)
-    return "fp8 needs a CUDA GPU of compute capability 8.9 or newer (at::_scaled_mm); on " + device +
-           " the overflow probe's fp8 range statistics predict what fp8 would do";
+  const PrecisionTraits& traits = precision_traits(c.precision);
+  if (traits.cuda_only && !cuda) {
+    if (traits.fp8_linear)
+      return c.precision + " needs a CUDA GPU of compute capability " + std::to_string(traits.min_compute_capability / 10) + "." +
+             std::to_string(traits.min_compute_capability % 10) + " or newer (at::_scaled_mm); on " + device +
+             " the overflow probe's fp8 range statistics predict what fp8 would do";
+    return c.precision + " needs a CUDA GPU (compute capability " + std::to_string(traits.min_compute_capability / 10) +
+           ".x or newer); this cell runs on " + device;
+  }
 #ifdef TRAINSCOPE_TORCH_CUDA
-  if (cuda && c.precision == "fp8") {
+  if (cuda) {
     const auto* props = at::cuda::getDeviceProperties(static_cast<int>(std::stoll(device.substr(5))));
-    if (props->major * 10 + props->minor < 89)
-      return "fp8 needs compute capability 8.9 or newer; " + std::string(props->name) + " has " +
-             std::to_string(props->major) + "." + std::to_string(props->minor);
-  }
-  if (cuda && (c.precision == "tf32" || c.precision.rfind("bf16", 0) == 0)) {
-    const auto* props = at::cuda::getDeviceProperties(static_cast<int>(std::stoll(device.substr(5))));
-    if (props->major < 8)
-      return c.precision + " needs compute capability 8.0 or newer; " + props->name + " has " +
+    if (props->major * 10 + props->minor < traits.min_compute_capability)
+      return c.precision + " needs compute capability " + std::to_string(traits.min_compute_capability / 10) + "." +
+             std::to_string(traits.min_compute_capability % 10) + " or newer; " + props->name + " has " +
              std::to_string(props->major) + "." + std::to_string(props->minor);
   }
 #endif
@@ -85,6 +88,8 @@ std::string unsupported_reason(const RunConfig& c, const std::string& device) {
   if (const std::string why = ssl::unsupported_method(c, m); !why.empty()) return why;
   if (c.checkpoint == "selective" && !m.language_model())
     return "selective checkpointing recomputes a decoder's attention core; " + m.name + " is no gpt or llama (it would equal none)";
+  if (c.checkpoint == "selective-op" && !m.language_model() && m.family != "vit")
+    return "selective-op keeps a transformer block's matmul and attention outputs; " + m.name + " has no transformer blocks";
   if (c.attention != "auto" && m.family != "gpt" && m.family != "llama" && m.family != "vit")
     return "attention = " + c.attention + " applies to gpt, llama and vit; " + m.name + " has no attention";
   if (m.family == "llama" && c.dropout > 0) return "Llama 3 has no dropout (dropout = " + std::to_string(c.dropout) + ")";
@@ -150,7 +155,7 @@ void load_parameters(torch::nn::Module& model, const std::string& path, const st
 
 Trainer::Trainer(const RunConfig& config, const std::string& device, Communicator* comm)
     : config_(config), device_(device), preset_(resolve_model(config)),
-      mode_(precision_mode(config.precision, device, config.fp16)), rank_(comm ? comm->rank() : 0),
+      mode_(precision_mode(config.precision, device, config.fp16, config.reduce_dtype)), rank_(comm ? comm->rank() : 0),
       world_(comm ? comm->world_size() : 1) {
   preset_.dropout = config.dropout;
   preset_.attention = resolve_attention(config.attention, device, preset_.seq_len);
@@ -159,8 +164,9 @@ Trainer::Trainer(const RunConfig& config, const std::string& device, Communicato
   const bool skip_broadcast = config.inject == "skip-broadcast";
   torch::manual_seed(static_cast<uint64_t>(config.seed + (skip_broadcast ? 1000003 * rank_ : 0)));
   // 32-true is strict fp32; tf32 lets cuBLAS and cuDNN use TF32 tensor cores.
-  at::globalContext().setAllowTF32CuBLAS(config.precision == "tf32");
-  at::globalContext().setAllowTF32CuDNN(config.precision == "tf32");
+  const bool tf32 = precision_traits(config.precision).gemm == "tf32";
+  at::globalContext().setAllowTF32CuBLAS(tf32);
+  at::globalContext().setAllowTF32CuDNN(tf32);
 
   data_ = make_data(config.data, preset_, config.seed, config.unlabeled_size);
   model_ = make_model(preset_, data_->shape());
@@ -171,7 +177,9 @@ Trainer::Trainer(const RunConfig& config, const std::string& device, Communicato
     objective_ = ssl::make_objective(config, model_, preset_, data_->shape(), ctx);
     model_ = objective_;
   }
-  model_->to(device_, mode_.param_dtype);
+  // With masters (bf16-master) the model is built in the masters' dtype and the strategy makes the
+  // compute copies: the masters start from the fp32 initialisation, not from its rounding.
+  model_->to(device_, mode_.master ? at::kFloat : mode_.param_dtype);
   if (!config.initial_parameters.empty()) load_parameters(*model_, config.initial_parameters);
   if (config.parity_dump && rank_ == 0) {
     // Before the strategy shards anything; rank 0's weights are what the broadcast gives every rank.
@@ -183,14 +191,21 @@ Trainer::Trainer(const RunConfig& config, const std::string& device, Communicato
   policy.check = config.checkpoint_check;
   model_->set_checkpoint(policy);
   model_->set_boundary([this](const std::string& block, torch::Tensor x) { return boundary(block, std::move(x)); });
-  strategy_ = make_strategy(comm ? config.parallel : "single", comm, config.bucket_mb, config.prefetch, config.hsdp_shard_size);
+  const ParallelLayout layout = resolve_layout(config);
+  mesh_ = std::make_unique<Mesh>(layout.world() > 1 || layout.shard_by_host ? comm : nullptr, layout);
+  ParamPolicy params;
+  params.master = mode_.master;
+  params.compute = mode_.param_dtype;
+  params.reduce = mode_.reduce_dtype;
+  params.reshard_after_forward = config.reshard_after_forward;
+  strategy_ = make_strategy(*mesh_, config.bucket_mb, config.prefetch, params);
   opt_params_ = strategy_->setup(*model_, !skip_broadcast);
   if (mode_.emulated) weight_rounding_ = std::make_unique<Fp16WeightRounding>(model_->parameters());
   if (mode_.scaler) {
     scaler_ = std::make_unique<GradScaler>(
         ScalerOptions{config.scaler_init, config.scaler_growth, config.scaler_backoff, config.scaler_interval},
         device_);
-    // One rank's overflow skips the step on every rank (DESIGN.md: MAX across ranks).
+    // One rank's overflow skips the step on every rank (docs/precision.md: the flag's MAX across ranks).
     if (comm) scaler_->reduce_found_inf = [comm](torch::Tensor& found) { comm->all_reduce_max(found); };
   }
   if (config.optimizer == "sgd")
@@ -217,6 +232,8 @@ RunInfo Trainer::info() const {
   r.causal_flops_per_sample = model_->causal_flops_per_sample();
   if (preset_.language_model()) r.flops_convention = flop_convention_name(FlopConvention::Full);
   r.tokens_per_sample = model_->tokens_per_sample();
+  r.attention_flops_per_sample = 3 * model_->selective_forward_flops();  // the attention core, forward + backward
+  r.compute_dtype = compute_dtype(precision_traits(config_.precision), device_.is_cuda(), config_.fp16);
   r.recompute_flops_per_sample = model_->recompute_flops_per_sample();
   r.rank = rank_;
   r.world_size = world_;
@@ -359,7 +376,7 @@ torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
   if (weight_rounding_) weight_rounding_->restore();
   strategy_->reduce_gradients();
   hooks.backward_end(si);
-  if (parity_ && step == 0 && !strategy_->comm())
+  if (parity_ && step == 0 && !strategy_->comm() && !mode_.master)
     for (const auto& item : model_->named_parameters())
       if (item.value().grad().defined())
         parity_->first_grads.emplace_back(item.key(), item.value().grad().detach().to(torch::kCPU).clone());
@@ -410,6 +427,19 @@ std::vector<torch::Tensor> Trainer::full_parameters() {
   return model_->parameters();
 }
 
+std::vector<std::pair<std::string, torch::Tensor>> Trainer::final_parameters() {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  const auto named = model_->named_parameters();
+  if (mode_.master) {  // the fp32 masters the optimizer stepped, not their bf16 casts
+    const std::vector<torch::Tensor> masters = strategy_->master_values();
+    for (size_t i = 0; i < named.size(); ++i) out.emplace_back(named[i].key(), masters.at(i).to(torch::kCPU));
+    return out;
+  }
+  strategy_->materialize();
+  for (const auto& item : named) out.emplace_back(item.key(), item.value().detach().to(torch::kCPU).clone());
+  return out;
+}
+
 std::optional<double> Trainer::evaluate() {
   if (!model_->classifies()) return std::nullopt;
   Batch test = data_->test_set();
@@ -429,14 +459,13 @@ std::optional<double> Trainer::evaluate() {
 }
 
 ModelStateBytes Trainer::model_state() const {
-  // AdamW keeps two moments per parameter, SGD with momentum one buffer, in the parameter dtype.
-  const int64_t words = config_.optimizer == "sgd" ? 1 : 2;
+  // AdamW keeps two moments per parameter, SGD with momentum one buffer (core/precision.hpp's accounting).
+  const int words = config_.optimizer == "sgd" ? 1 : 2;
   ModelStateBytes m = strategy_->model_state(*optimizer_, words);
   int64_t numel = 0;
   for (const auto& p : model_->parameters()) numel += p.numel();
-  const int64_t P = static_cast<int64_t>(c10::elementSize(mode_.param_dtype));
-  const ExpectedModelState e =
-      expected_model_state(strategy_->comm() ? config_.parallel : "single", numel, P, words * P, strategy_->sharding_degree());
+  const ExpectedModelState e = expected_model_state(precision_traits(config_.precision), strategy_->sharding_level(), numel,
+                                                    strategy_->sharding_degree(), words, config_.reduce_dtype);
   m.expected = e.bytes;
   m.expected_formula = e.formula;
   return m;

@@ -71,10 +71,15 @@ class Trainer {
   ModelStateBytes model_state() const;
   // Makes the full parameters resident (a collective under zero3: every rank calls it) and returns them.
   std::vector<torch::Tensor> full_parameters();
+  // What the run trained, by name, on the host: the parameters, or with masters (bf16-master) the fp32
+  // masters the optimizer stepped. A collective every rank calls.
+  std::vector<std::pair<std::string, torch::Tensor>> final_parameters();
   // Each element averaged over the ranks (the values themselves for a single process); a sync point,
   // which the loop reaches only at log points.
   std::vector<double> global_mean(const torch::Tensor& values);
   ParallelStrategy& strategy() { return *strategy_; }
+  // The layout's communicators (its layout with hsdp's node size settled).
+  const Mesh& mesh() const { return *mesh_; }
   int rank() const { return rank_; }
   ReferenceModel& model() { return *model_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
@@ -102,6 +107,7 @@ class Trainer {
   std::unique_ptr<DataSource> data_;
   std::shared_ptr<ReferenceModel> model_;
   std::shared_ptr<ssl::SslObjective> objective_;  // model_ itself, for SSL methods
+  std::unique_ptr<Mesh> mesh_;
   std::unique_ptr<ParallelStrategy> strategy_;
   std::vector<torch::Tensor> opt_params_;  // what the optimizer owns: the parameters, or this rank's shards
   std::unique_ptr<torch::optim::Optimizer> optimizer_;

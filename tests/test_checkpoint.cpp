@@ -43,6 +43,22 @@ std::vector<torch::Tensor> gradients(const std::string& policy_text, bool restor
   return g;
 }
 
+// A Llama (grouped-query attention, unbiased projections) under a policy: every parameter's gradient.
+std::vector<torch::Tensor> llama_gradients(const std::string& policy_text, const std::string& attention) {
+  ModelPreset p = model_preset("llama-tiny");
+  p.layers = 2;
+  p.attention = attention;
+  torch::manual_seed(0);
+  auto m = make_llama(p);
+  m->set_checkpoint(CheckpointPolicy::parse(policy_text));
+  auto g = at::detail::createCPUGenerator(7);
+  auto t = torch::randint(p.vocab, {2, p.seq_len + 1}, g, torch::kLong);
+  m->loss({t.slice(1, 0, p.seq_len).contiguous(), t.slice(1, 1, p.seq_len + 1).contiguous()}).backward();
+  std::vector<torch::Tensor> out;
+  for (const auto& q : m->parameters()) out.push_back(q.grad().defined() ? q.grad().clone() : torch::Tensor());
+  return out;
+}
+
 bool all_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i)
@@ -56,6 +72,26 @@ TEST(Checkpoint, GradientsEqualNoCheckpointingBitForBitWithDropout) {
   const auto reference = gradients("none");
   for (const char* policy : {"full", "every:2", "selective"})
     EXPECT_TRUE(all_equal(gradients(policy), reference)) << policy;
+}
+
+// selective-op serves the kept outputs to the recomputation through each operator's own backward, in
+// the graph aten::linear, at::matmul and SDPA build: the engine sums the same contributions in the
+// same order, so the gradients are those of no checkpointing, bit for bit (GPT: biased linears, eager
+// attention's bmm; Llama: every other unbiased projection, and the flash kernel on the SDPA path).
+TEST(Checkpoint, SelectiveOpGradientsEqualNoCheckpointingBitForBit) {
+  EXPECT_TRUE(all_equal(gradients("selective-op"), gradients("none")));
+  for (const std::string attention : {"eager", "sdpa"}) {
+    const auto reference = llama_gradients("none", attention);
+    for (const char* policy : {"selective-op", "selective", "full"}) {
+      const auto g = llama_gradients(policy, attention);
+      ASSERT_EQ(g.size(), reference.size());
+      for (size_t i = 0; i < g.size(); ++i) {
+        ASSERT_TRUE(g[i].defined()) << policy << " " << attention << " parameter " << i << " has no gradient";
+        EXPECT_TRUE(torch::equal(g[i], reference[i]))
+            << policy << " " << attention << " parameter " << i << ": max |diff| " << (g[i] - reference[i]).abs().max().item<double>();
+      }
+    }
+  }
 }
 
 TEST(Checkpoint, WithoutTheRngRestoreTheGradientsDiffer) {

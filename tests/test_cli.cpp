@@ -22,12 +22,12 @@ TEST(Cli, BadArgumentsAreOneLineErrorsWithExit2) {
   const std::string malformed = write("malformed.toml", "name = 'x'\n[axes\nmodel = ['mlp']\n");
   const std::string unknown_key = write("unknown-key.toml", "name = 'x'\n[base]\nbatchsize = 8\n");
   const std::vector<Case> cases = {
-      {"run --set precision=fp16", "unknown precision 'fp16' (allowed: 32-true, tf32, bf16-mixed, 16-mixed"},
+      {"run --set precision=fp16", "unknown precision 'fp16' (allowed: 32-true, tf32, bf16-mixed, bf16-master, 16-mixed"},
       {"run --set stepz=3", "unknown key 'stepz' (allowed: model, family, layers"},
       // Models: an unknown one, and dimensions that do not fit together, before anything runs.
       {"run --set model=gpt-9000", "unknown model 'gpt-9000' (presets: mlp-tiny"},
       {"run --suite llama --set heads=5", "d_model 64 is not divisible by heads 5"},
-      {"run --set checkpoint=half", "unknown checkpoint 'half' (allowed: none, full, every:<k>, selective)"},
+      {"run --set checkpoint=half", "unknown checkpoint 'half' (allowed: none, full, every:<k>, selective, selective-op)"},
       {"run --steps ten", "bad value 'ten' for 'steps': expected a number"},
       {"run --device gpu", "unknown device 'gpu' (allowed: auto, cpu, cuda, cuda:<index>)"},
       {"run --set parallel=fsdp", "unknown parallel 'fsdp' (allowed: single, ddp, zero1, zero2, zero3, hsdp)"},

@@ -1,10 +1,15 @@
 // Suite files, configuration values and axis expansion.
+#include <fstream>
+
 #include <gtest/gtest.h>
 
 #include "test_support.hpp"
 
+#include "core/devices.hpp"
 #include "core/errors.hpp"
+#include "core/layout.hpp"
 #include "core/model_shape.hpp"
+#include "core/precision.hpp"
 #include "suites/suite_file.hpp"
 
 using namespace trainscope;
@@ -246,4 +251,152 @@ TEST(ModelShapes, InconsistentDimensionsAreOneLineErrors) {
   EXPECT_NE(parse("[base]\nmodel='llama-tiny'\nfamily='gpt'\n").find("is a llama preset"), std::string::npos);
   // One line each.
   EXPECT_EQ(parse(own + "d_model=50\nheads=4\n").find('\n'), std::string::npos);
+}
+
+// ---- the precision table ----------------------------------------------------------------------------
+
+TEST(Precision, OneRowPerModeAndTheKeyOffersExactlyThem) {
+  EXPECT_EQ(key_spec("precision").choices, precision_names());
+  for (const auto& t : precision_table()) {
+    for (const std::string& d : {t.params, t.grads, t.reduce, t.optimizer_state, t.gemm, t.attention, t.norms})
+      EXPECT_GT(dtype_bytes(d), 0) << t.name << ": " << d;
+    EXPECT_FALSE(t.summary.empty()) << t.name;
+  }
+  EXPECT_THAT_ERROR(precision_traits("bf17-mixed"), "unknown precision 'bf17-mixed'");
+}
+
+TEST(Precision, WhatEachModeComputesIn) {
+  // 16-mixed runs fp16 GEMMs on a GPU (its MFU is against the fp16 peak) and fp32 ones when emulated on a CPU.
+  const PrecisionTraits& fp16 = precision_traits("16-mixed");
+  EXPECT_EQ(compute_dtype(fp16, /*cuda=*/true), "fp16");
+  EXPECT_EQ(compute_dtype(fp16, /*cuda=*/false), "fp32");
+  EXPECT_EQ(compute_dtype(fp16, /*cuda=*/false, "autocast"), "fp16");
+  const PrecisionTraits& master = precision_traits("bf16-master");
+  EXPECT_EQ(master.params, "bf16");
+  EXPECT_EQ(master.master, "fp32");
+  EXPECT_EQ(master.reduce, "fp32");
+  EXPECT_TRUE(master.autocast.empty());  // no autocast: bf16 weights, bf16 forward
+  EXPECT_EQ(compute_dtype(master, false), "bf16");
+  // Among equals the planner names what teams run: bf16 from fp32 masters before autocast.
+  EXPECT_LT(master.preference, precision_traits("bf16-mixed").preference);
+}
+
+TEST(Precision, MfuPeakConvention) {
+  const PeakOf h100 = [](const std::string& d) -> std::optional<double> {
+    if (d == "bf16" || d == "fp16") return 989e12;
+    if (d == "fp8") return 1979e12;
+    return std::nullopt;
+  };
+  EXPECT_DOUBLE_EQ(*mfu_peak_flops(precision_traits("bf16-mixed"), "bf16", 0.9, h100), 989e12);
+  EXPECT_DOUBLE_EQ(*mfu_peak_flops(precision_traits("16-mixed"), "fp16", 0.9, h100), 989e12);
+  EXPECT_FALSE(mfu_peak_flops(precision_traits("32-true"), "fp32", 0.9, h100).has_value());  // no fp32 peak known: no MFU
+  // fp8: the linear layers' FLOPs at the fp8 peak, attention's at bf16's: the time at peak, harmonic.
+  const double f = 0.9, expected = 1.0 / (f / 1979e12 + (1 - f) / 989e12);
+  EXPECT_NEAR(*mfu_peak_flops(precision_traits("fp8"), "fp8", f, h100), expected, 1.0);
+  EXPECT_GT(expected, 989e12);
+  EXPECT_LT(expected, 1979e12);
+}
+
+TEST(Precision, DeriveMfuFromRawFields) {
+  json timing = {{"samples_per_s", 100.0}, {"flops_per_sample", 1e12}, {"attention_flops_per_sample", 0.0},
+                 {"recompute_flops_per_sample", 5e11}, {"causal", {{"flops_per_sample", 8e11}}},
+                 {"gemm_peaks_flops_per_s", {{"fp16", 5e14}}}};
+  derive_mfu(timing, precision_traits("16-mixed"), "fp16", "NVIDIA H200", 2);
+  EXPECT_DOUBLE_EQ(timing["flops_per_s"].get<double>(), 1e14);
+  EXPECT_DOUBLE_EQ(timing["peak_flops_per_s"].get<double>(), 5e14);
+  EXPECT_DOUBLE_EQ(timing["mfu"].get<double>(), 1e14 / (5e14 * 2));  // the peak of every rank
+  EXPECT_DOUBLE_EQ(timing["hfu"].get<double>(), 1.5e14 / (5e14 * 2));
+  EXPECT_DOUBLE_EQ(timing["causal"]["mfu"].get<double>(), 0.8e14 / (5e14 * 2));
+  EXPECT_DOUBLE_EQ(timing["datasheet_peak_flops_per_s"].get<double>(), 989e12);  // the H200's dense fp16
+  EXPECT_DOUBLE_EQ(timing["mfu_datasheet"].get<double>(), 1e14 / (989e12 * 2));
+  EXPECT_EQ(timing["compute_dtype"], "fp16");
+  // A peak not measured in the GEMMs' dtype is no MFU (an fp32 peak under fp16 GEMMs would overstate it).
+  json other = timing;
+  other["gemm_peaks_flops_per_s"] = {{"fp32", 5e13}};
+  derive_mfu(other, precision_traits("16-mixed"), "fp16", "NVIDIA H200", 2);
+  EXPECT_TRUE(other["mfu"].is_null());
+  EXPECT_FALSE(other["mfu_datasheet"].is_null());
+}
+
+// ---- the parallel layout ----------------------------------------------------------------------------
+
+TEST(Layout, NamesParseBack) {
+  for (const std::string n : {"single", "dp_shard2", "dp_replicate2-dp_shard4", "dp_shard4-tp2", "pp4-dp_shard2-cp2-tp8",
+                              "dp_shard2-zero1", "dp_replicate8"})
+    EXPECT_EQ(parse_layout(n).name(), n);
+  EXPECT_EQ(parse_layout("tp2-dp_shard4").name(), "dp_shard4-tp2");  // printed in mesh order
+  EXPECT_EQ(parse_layout("pp2-dp_shard2-cp2-tp2").world(), 16);
+  EXPECT_THAT_ERROR(parse_layout("dp2"), "expected dimensions joined by '-'");
+  EXPECT_THAT_ERROR(parse_layout("tp2-tp4"), "tp is given twice");
+  EXPECT_THAT_ERROR(parse_layout("tp2-zero1"), "zero1 shards over dp_shard");
+}
+
+TEST(Layout, TheShorthandIsTheDataParallelDimensions) {
+  auto layout = [](const std::string& parallel, int64_t world, int64_t shard = 0) {
+    RunConfig c;
+    c.parallel = parallel;
+    c.world_size = world;
+    c.hsdp_shard_size = shard;
+    return resolve_layout(c);
+  };
+  EXPECT_EQ(layout("ddp", 4).name(), "dp_replicate4");
+  EXPECT_EQ(layout("zero3", 4).name(), "dp_shard4");
+  EXPECT_EQ(layout("zero1", 4).name(), "dp_shard4-zero1");
+  EXPECT_EQ(layout("zero1", 4).strategy(), "zero1");
+  EXPECT_EQ(layout("hsdp", 8, 4).name(), "dp_replicate2-dp_shard4");
+  EXPECT_EQ(layout("hsdp", 8, 4).strategy(), "hsdp");
+  EXPECT_TRUE(layout("hsdp", 8).shard_by_host);  // a node's ranks: known at launch
+  EXPECT_EQ(layout("single", 1).name(), "single");
+  RunConfig c;
+  c.parallel = "zero3";
+  c.world_size = 8;
+  c.tp = 2;  // the shorthand takes the ranks tp leaves
+  EXPECT_EQ(resolve_layout(c).name(), "dp_shard4-tp2");
+  c.world_size = 7;
+  EXPECT_THAT_ERROR(resolve_layout(c), "not a multiple of tp x pp x cp = 2");
+}
+
+TEST(Layout, TheConfigurationChecksIt) {
+  // Degrees alone set the world size; degrees and a world size that disagree are an error.
+  const RunConfig c = RunConfig::from_json({{"model", "gpt-tiny"}, {"dp_replicate", 2}, {"dp_shard", 2}});
+  EXPECT_EQ(c.world_size, 4);
+  EXPECT_EQ(resolve_layout(c).strategy(), "hsdp");
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "gpt-tiny"}, {"dp_shard", 2}, {"world_size", 3}}), "needs 2 ranks");
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "gpt-tiny"}, {"layout", "tp3"}}), "does not divide the 4 attention heads");
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"layout", "cp3"}}), "2 x cp equal chunks");
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "gpt-tiny"}, {"tp", 2}}), "not implemented in this build yet");
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "gpt-tiny"}, {"dp_replicate", 2}, {"dp_shard", 2}, {"parallel", "zero2"},
+                                          {"world_size", 4}}), "means dp_shard4");
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"reduce_dtype", "bf16"}}), "applies to precisions with fp32 masters");
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"reshard_after_forward", "sometimes"}}), "expected true, false or a group size");
+  EXPECT_EQ(axis_label("layout", "dp_shard2-tp2"), "dp_shard2-tp2");
+  EXPECT_EQ(axis_label("tp", 2), "tp2");
+}
+
+// ---- devices ----------------------------------------------------------------------------------------
+
+TEST(Devices, AFileAddsADeviceAndBadFilesAreOneLine) {
+  const std::string dir = trainscope::test::scratch("devices");
+  const std::string good = dir + "/gb200.toml";
+  std::ofstream(good) << "name = \"GB200\"\ndriver_names = [\"NVIDIA GB200\"]\nmemory_gb = 186\nhbm_gbps = 8000\n"
+                         "link_gbps = 900\nlink = \"NVLink 5\"\n[peak_tflops]\nbf16 = 2500\nfp8 = 5000\n";
+  const DeviceFacts d = read_device_file(good);
+  EXPECT_EQ(d.key, "GB200");
+  EXPECT_DOUBLE_EQ(d.peak_flops.at("fp8"), 5000e12);
+  EXPECT_DOUBLE_EQ(d.memory_bytes, 186e9);
+  use_device_file(good);
+  ASSERT_NE(find_device("NVIDIA GB200"), nullptr);
+  EXPECT_EQ(find_device("GB200"), find_device("NVIDIA GB200"));
+  EXPECT_NE(find_device("H100-SXM"), nullptr);  // the built-in rows stay
+  for (const auto& [text, says] : std::vector<std::pair<std::string, std::string>>{
+           {"memory_gb = 80\nhbm_gbps = 1\nlink_gbps = 1\n[peak_tflops]\nbf16 = 1\n", "missing 'name'"},
+           {"name = \"x\"\nmemory_gb = 80\nhbm_gbps = 1\nlink_gbps = 1\n", "missing [peak_tflops]"},
+           {"name = \"x\"\nmemory_gb = 80\nhbm_gbps = 1\nlink_gbps = 1\nwatts = 3\n[peak_tflops]\nbf16 = 1\n", "unknown key 'watts'"},
+           {"name = \"x\"\nmemory_gb = 80\nhbm_gbps = 1\nlink_gbps = 1\n[peak_tflops]\nfp4 = 1\n", "unknown dtype 'fp4'"},
+           {"name = \"x\"\nmemory_gb = \"lots\"\n", "'memory_gb' must be a number"},
+           {"name = [", "--device-file"}}) {
+    const std::string path = dir + "/bad.toml";
+    std::ofstream(path) << text;
+    EXPECT_THAT_ERROR(read_device_file(path), says);
+  }
 }

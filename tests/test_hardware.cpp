@@ -8,7 +8,7 @@
 #include <torch/torch.h>
 
 #include "cli_support.hpp"
-#include "core/datasheet.hpp"
+#include "core/devices.hpp"
 #include "probes/device/gpu.hpp"
 #include "probes/device/timeline.hpp"
 #include "probes/numerics/overflow.hpp"
@@ -94,15 +94,21 @@ TEST(Timeline, WithoutCuptiTheSectionSaysWhy) {
   EXPECT_FALSE(s.value("reason", "").empty());
 }
 
-TEST(Datasheet, ExactNamesOnlyAndDenseFigures) {
-  const auto h200 = datasheet_for("NVIDIA H200");
-  ASSERT_TRUE(h200.has_value());
-  EXPECT_DOUBLE_EQ(h200->peak_tflops["bf16"].get<double>(), 989.0);  // dense: half the sparse 1979
+TEST(Devices, ExactNamesOnlyAndDenseFigures) {
+  const DeviceFacts* h200 = find_device("NVIDIA H200");
+  ASSERT_NE(h200, nullptr);
+  EXPECT_EQ(h200, find_device("H200"));  // the driver's name and the planner's key: one row
+  EXPECT_DOUBLE_EQ(h200->peak_flops.at("bf16"), 989e12);  // dense: half the sparse 1979
   EXPECT_DOUBLE_EQ(*datasheet_peak_flops("NVIDIA H100 80GB HBM3", "fp8"), 1979e12);
   EXPECT_DOUBLE_EQ(*datasheet_peak_flops("NVIDIA H100 80GB HBM3", "tf32"), 494.5e12);
-  EXPECT_FALSE(datasheet_for("NVIDIA H200 NVL").has_value());  // a different product, not a prefix match
+  EXPECT_EQ(find_device("NVIDIA H200 NVL"), nullptr);  // a different product, not a prefix match
   EXPECT_FALSE(datasheet_peak_flops("NVIDIA A100-SXM4-80GB", "fp8").has_value());  // no fp8 on Ampere
-  EXPECT_FALSE(datasheet_for(device_name("cpu")).has_value());
+  EXPECT_EQ(find_device(device_name("cpu")), nullptr);
+  // Variants are rows of their own: torchtitan's H100s have more memory and less power than the SXM part.
+  const DeviceFacts* meta = find_device("H100-HBM2e-96GB");
+  ASSERT_NE(meta, nullptr);
+  EXPECT_GT(meta->memory_bytes, find_device("H100-SXM")->memory_bytes);
+  EXPECT_LT(meta->peak_flops.at("bf16"), find_device("H100-SXM")->peak_flops.at("bf16"));
 }
 
 TEST(Fp8Range, FractionsOnAConstructedTensor) {
@@ -287,8 +293,9 @@ TEST(HardwareSuite, TheCpuQualificationReport) {
   EXPECT_NE(cells["collectives/4"]["reason"].get<std::string>().find("--nproc 4"), std::string::npos) << cells["collectives/4"].dump();
   // The calibration cells time each operator kind in their steps: half the measured steps profiled,
   // the other half timed by the phases' walls. A GEMM's backward is two GEMMs of its size, so the
-  // backward's GEMM time exceeds the forward's (2x the FLOPs); the kinds the replay costs are part of
-  // the phase, so their sum stays below its wall (x1.5: the walls and the kinds come from different steps).
+  // backward's GEMM time exceeds the forward's (2x the FLOPs); the kinds' self times are disjoint
+  // intervals of one thread inside the phase of the same steps, so their sum is at most those steps'
+  // wall (by construction, however busy the machine).
   int calibration = 0;
   for (const auto& [name, c] : cells) {
     if (name.rfind("calibration/", 0) != 0) continue;
@@ -308,7 +315,7 @@ TEST(HardwareSuite, TheCpuQualificationReport) {
       double kernels = 0;
       for (const auto& [kind, t] : ops["self_s"][phase].items())
         if (kind != "dispatch") kernels += t.get<double>();
-      EXPECT_LT(kernels, 1.5 * ops["phase_wall_s"][phase].get<double>()) << name << " " << phase;
+      EXPECT_LE(kernels, ops["profiled_phase_wall_s"][phase].get<double>() * (1 + 1e-9)) << name << " " << phase;
     }
   }
   EXPECT_EQ(calibration, 7);

@@ -20,6 +20,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "cli_support.hpp"
+#include "core/precision.hpp"
 #include "probes/distributed/comm.hpp"
 #include "probes/distributed/rng.hpp"
 #include "runners/process/launch.hpp"
@@ -53,17 +54,23 @@ TEST(Parallel, BusBandwidthFactorsFollowNcclTests) {
 
 TEST(Parallel, ZeroFormulasPerRank) {
   // Ψ = 1000 fp32 parameters with AdamW (P = 4, K = 8) on N = 4 ranks.
-  EXPECT_EQ(suites::expected_model_state("ddp", 1000, 4, 8, 4).bytes, 16000);
-  EXPECT_EQ(suites::expected_model_state("zero1", 1000, 4, 8, 4).bytes, 8000 + 2000);
-  EXPECT_EQ(suites::expected_model_state("zero2", 1000, 4, 8, 4).bytes, 4000 + 3000);
-  EXPECT_EQ(suites::expected_model_state("zero3", 1000, 4, 8, 4).bytes, 4000);
-  // The ZeRO paper's mixed-precision Adam (fp16 parameters, fp32 masters: P = 2, K = 12), Ψ = 7.5B, N = 64.
-  const double gb = 1e9;
-  EXPECT_NEAR(suites::expected_model_state("ddp", 7500000000LL, 2, 12, 64).bytes / gb, 120.0, 0.01);
-  EXPECT_NEAR(suites::expected_model_state("zero1", 7500000000LL, 2, 12, 64).bytes / gb, 31.4, 0.01);
-  EXPECT_NEAR(suites::expected_model_state("zero2", 7500000000LL, 2, 12, 64).bytes / gb, 16.64, 0.01);
-  EXPECT_NEAR(suites::expected_model_state("zero3", 7500000000LL, 2, 12, 64).bytes / gb, 1.875, 0.01);
-  EXPECT_EQ(suites::expected_model_state("zero2", 1000, 4, 8, 4).formula, "4Ψ + (4+8)Ψ/N");
+  const PrecisionTraits& fp32 = precision_traits("32-true");
+  EXPECT_EQ(expected_model_state(fp32, "ddp", 1000, 4, 2).bytes, 16000);
+  EXPECT_EQ(expected_model_state(fp32, "zero1", 1000, 4, 2).bytes, 8000 + 2000);
+  EXPECT_EQ(expected_model_state(fp32, "zero2", 1000, 4, 2).bytes, 4000 + 3000);
+  EXPECT_EQ(expected_model_state(fp32, "zero3", 1000, 4, 2).bytes, 4000);
+  EXPECT_EQ(expected_model_state(fp32, "zero2", 1000, 4, 2).formula, "4Ψ + (4+8)Ψ/N");
+  EXPECT_EQ(expected_model_state(fp32, "zero3", 1000, 4, 1).formula, "(4+4+4)Ψ/N");  // SGD: one momentum word
+  // bf16 weights from fp32 masters, Ψ = 7.5B on N = 64: FSDP2's 16Ψ/N for zero3, Megatron's distributed
+  // optimizer 6Ψ + 12Ψ/N for zero1 (its docs: bf16 params, fp32 grads), 2Ψ + 16Ψ/N for zero2, and 16Ψ
+  // unsharded (the bf16 copy lives from a unit's forward to its backward only).
+  const PrecisionTraits& master = precision_traits("bf16-master");
+  const double gb = 1e9, psi = 7.5e9;
+  EXPECT_NEAR(expected_model_state(master, "ddp", 7500000000LL, 64, 2).bytes / gb, 16 * psi / gb, 1e-6);
+  EXPECT_NEAR(expected_model_state(master, "zero1", 7500000000LL, 64, 2).bytes / gb, (6 + 12.0 / 64) * psi / gb, 1e-6);
+  EXPECT_NEAR(expected_model_state(master, "zero2", 7500000000LL, 64, 2).bytes / gb, (2 + 16.0 / 64) * psi / gb, 1e-6);
+  EXPECT_NEAR(expected_model_state(master, "zero3", 7500000000LL, 64, 2).bytes / gb, 16.0 / 64 * psi / gb, 1e-6);
+  EXPECT_EQ(expected_model_state(master, "zero1", 1000, 4, 2).formula, "(2+4)Ψ + (4+8)Ψ/N");
 }
 
 TEST(Parallel, FingerprintSeesEveryBitAndPosition) {
@@ -278,6 +285,63 @@ lr = 0.05
   EXPECT_DOUBLE_EQ(ddp, single_state);
 }
 
+// The layout is what runs: `dp_shard = 2` (or `layout = "dp_shard2"`) on 2 ranks is zero3, the same
+// collectives in the same order, so the same bits; the cells name their layout.
+TEST(Parallel, DpShardLayoutIsZero3BitForBit) {
+  const SuiteRun run = run_suite_text("layout", R"(
+name = "layout"
+[base]
+model = "gpt-tiny"
+warmup_steps = 0
+steps = 4
+eval = false
+overflow_every = 0
+save_parameters = true
+batch_size = 4
+dropout = 0.1
+[[cells]]
+name = "zero3"
+parallel = "zero3"
+world_size = 2
+[[cells]]
+name = "dp_shard"
+dp_shard = 2
+[[cells]]
+name = "layout-key"
+layout = "dp_shard2"
+)", "--nproc 2");
+  ASSERT_EQ(run.result.code, 0) << run.result.out;
+  const auto zero3 = load_params(run.out + "/cells/zero3.rank0.params.pt");
+  for (const std::string other : {"dp_shard", "layout-key"}) {
+    const json cell = cell_named(run.report, other);
+    EXPECT_EQ(cell["config"]["world_size"], 2) << "the layout's product sets the world size";
+    EXPECT_EQ(cell["layout"]["name"], "dp_shard2");
+    EXPECT_EQ(cell["layout"]["sharding"], "zero3");
+    const auto p = load_params(run.out + "/cells/" + other + ".rank0.params.pt");
+    ASSERT_EQ(p.size(), zero3.size());
+    for (size_t i = 0; i < p.size(); ++i) EXPECT_TRUE(torch::equal(p[i], zero3[i])) << other << " parameter " << i;
+    EXPECT_EQ(cell["metrics"]["quality"]["step_losses"], cell_named(run.report, "zero3")["metrics"]["quality"]["step_losses"]) << other;
+  }
+  EXPECT_EQ(cell_named(run.report, "zero3")["layout"]["dp_shard"], 2);
+}
+
+// A layout that cannot run is one line and exit 2 before any rank starts: degrees whose product is not
+// the world size, a degree the model cannot take, a dimension this build does not implement.
+TEST(Parallel, BadLayoutsAreOneLineErrors) {
+  for (const auto& [sets, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--set dp_shard=2 --set world_size=4", "needs 2 ranks"},
+           {"--set layout=dp_shard2-tp3", "does not divide the 4 attention heads"},
+           {"--set layout=dp2", "expected dimensions joined by '-'"},
+           {"--set parallel=zero3 --set dp_replicate=2 --set world_size=4", "means dp_shard4"},
+           {"--set layout=dp_shard2 --set dp_shard=4", "has dp_shard 2, but dp_shard = 4"},
+           {"--set tp=2", "tp (layout tp2) is not implemented"}}) {
+    const Result r = ts("run --suite quick --filter gpt-tiny/32-true --nproc 4 --out " + tmp("bad-layout") + " " + sets);
+    EXPECT_EQ(r.code, 2) << sets << "\n" << r.out;
+    EXPECT_NE(r.out.find(says), std::string::npos) << sets << "\n" << r.out;
+    EXPECT_LE(lines(r.out), 2) << sets << "\n" << r.out;
+  }
+}
+
 // hsdp on 4 ranks in two shard groups of 2: each block's gradients reduce-scattered within the group,
 // each slice then all-reduced with the other group's, so K steps still equal one process on the
 // global batch of 16 (fp64, as the test above: a mean over 2 then over 2 rounds differently from one
@@ -309,16 +373,14 @@ hsdp_shard_size = 2
 [[cells]]
 name = "zero3"
 parallel = "zero3"
-[[cells]]
-name = "hsdp-bad-size"
-parallel = "hsdp"
-hsdp_shard_size = 3
 )", "--nproc 4");
   ASSERT_EQ(run.result.code, 0) << run.result.out;
   const json& report = run.report;
-  const json bad = cell_named(report, "hsdp-bad-size");
-  EXPECT_EQ(bad["status"], "skipped");
-  EXPECT_NE(bad["reason"].get<std::string>().find("does not divide world_size 4"), std::string::npos) << bad["reason"];
+  // A shard size that does not divide the ranks is a layout that cannot be: one line, before any rank.
+  const Result bad = ts("run --suite quick --filter gpt-tiny --out " + tmp("hsdp-bad") +
+                        " --set parallel=hsdp --set world_size=4 --set hsdp_shard_size=3 --nproc 4");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("hsdp_shard_size 3 does not divide the 4 data-parallel ranks"), std::string::npos) << bad.out;
 
   const auto single = load_params(run.out + "/cells/single.params.pt");
   ASSERT_FALSE(single.empty());

@@ -8,6 +8,7 @@
 
 #include "cli_support.hpp"
 #include "core/model_shape.hpp"
+#include "core/precision.hpp"
 #include "plan/device.hpp"
 #include "plan/step.hpp"
 
@@ -183,16 +184,15 @@ TEST(Plan, Llama8bOnEightH100s) {
   bool ddp_seen = false;
   for (const auto& c : p["candidates"]) {
     if (!c.contains("memory")) continue;
-    const auto& ms = c["memory"]["model_state_total_bytes"];
-    const int pe = c["precision"] == "bf16-true" ? 2 : 4;
+    const double ms = c["memory"]["model_state_total_bytes"].get<double>();
+    // The replay's tensors at the end of a step against the ZeRO accounting of core/precision.hpp (the
+    // flat buffers padded to 8 ranks: at most 8 elements of 16 bytes apart).
+    const std::string level = c["sharding"] == "hsdp" ? "zero3" : c["sharding"].get<std::string>();
+    EXPECT_NEAR(ms, expected_model_state(precision_traits(c["precision"]), level, static_cast<int64_t>(n), 8, 2).bytes, 8 * 16.0)
+        << c.dump();
     if (c["parallel"] == "ddp") {
       ddp_seen = true;
-      EXPECT_DOUBLE_EQ(ms.get<double>(), 4.0 * pe * n) << c.dump();  // weights, grads, two moments
-      EXPECT_FALSE(c["fits"].get<bool>());
-    }
-    if (c["parallel"] == "zero1") {  // (w + g) N + o N / 8, the flat buffers padded to 8
-      const double padded = std::ceil(n / 8) * 8;
-      EXPECT_DOUBLE_EQ(ms.get<double>(), 2.0 * pe * padded + 2.0 * pe * padded / 8) << c.dump();
+      EXPECT_FALSE(c["fits"].get<bool>());  // 16 bytes a parameter (8 with bf16 weights): more than 72 GB
     }
     if (c["fits"].get<bool>()) {
       EXPECT_LE(c["memory"]["peak_bytes"].get<double>(), usable);
@@ -202,7 +202,9 @@ TEST(Plan, Llama8bOnEightH100s) {
   const json& best = p["recommendation"]["candidate"];
   ASSERT_TRUE(best.is_object());
   EXPECT_EQ(best["parallel"], "zero3");
-  EXPECT_EQ(best["precision"], "bf16-mixed");  // fp8, 16-mixed and bf16-true carry notes
+  // fp8, 16-mixed and bf16-true carry notes; of the rest, bf16 from fp32 masters (FSDP2's mixed
+  // precision) is both faster than autocast's and what teams run.
+  EXPECT_EQ(best["precision"], "bf16-master");
   // MFU on the full-attention convention: 57.91 GFLOP/token x tokens/s over the bf16 dense peak.
   EXPECT_NEAR(best["mfu"].get<double>(), 57.914e9 * best["tokens_per_s_per_gpu"].get<double>() / 989e12, 1e-3);
   EXPECT_GT(best["mfu"].get<double>(), 0.05);

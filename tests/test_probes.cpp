@@ -1,5 +1,7 @@
 // Probes: the accounting allocator and memory phases, summary statistics, environment and GPU inventory.
 #include <gtest/gtest.h>
+
+#include "core/precision.hpp"
 #include <torch/torch.h>
 
 #include "core/stats.hpp"
@@ -124,8 +126,8 @@ TEST(Stats, PercentilesLikeNumpy) {
 }
 
 TEST(Timing, GemmPeakIsPositiveAndComputeDtypeFollowsPrecision) {
-  EXPECT_EQ(compute_dtype("bf16-mixed"), "bf16");
-  EXPECT_EQ(compute_dtype("32-true"), "fp32");
+  EXPECT_EQ(compute_dtype(precision_traits("bf16-mixed"), false), "bf16");
+  EXPECT_EQ(compute_dtype(precision_traits("32-true"), true), "fp32");
   EXPECT_GT(measure_gemm_peak("cpu", "fp32", 1), 1e8);  // even the reference BLAS does 0.1 GFLOP/s
 }
 

@@ -1,5 +1,7 @@
 #pragma once
 // Helpers shared by the unit tests.
+#include <stdlib.h>
+
 #include <functional>
 #include <string>
 
@@ -17,4 +19,20 @@ inline std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
+// A fresh folder for a test's files (mkdtemp: std::filesystem::remove_all resolves to a copy inside
+// libtorch.so that crashes).
+inline std::string scratch(const std::string& name) {
+  std::string templ = "/tmp/trainscope-test-" + name + "-XXXXXX";
+  const char* dir = mkdtemp(templ.data());
+  return dir ? std::string(dir) : std::string("/tmp");
+}
+
 }  // namespace trainscope::test
+
+// Expects `expr` to throw a UsageError whose one-line message contains `part`.
+#define EXPECT_THAT_ERROR(expr, part)                                                      \
+  do {                                                                                     \
+    const std::string message_ = ::trainscope::test::error_of([&] { (void)(expr); });      \
+    EXPECT_NE(message_.find(part), std::string::npos) << "message: '" << message_ << "'"; \
+    EXPECT_EQ(message_.find('\n'), std::string::npos) << message_;                        \
+  } while (0)

@@ -15,7 +15,7 @@ struct BlasInfo {
 // Which BLAS torch is calling, read from this process's memory map (after torch is loaded).
 BlasInfo blas_in_use();
 
-// The inventory as DESIGN.md's "env" section: host, cpu, memory_bytes, os, compiler, torch, blas,
+// The inventory as docs/reports.md's "env" section: host, cpu, memory_bytes, os, compiler, torch, blas,
 // cuda, gpus, plus trainscope's version and commit, and warnings (reference BLAS, no bf16 units).
 json collect_env();
 

@@ -1,6 +1,6 @@
 #pragma once
 // Communication probe: every collective the parallel layer ran, grouped by operation and size, with
-// nccl-tests' algbw and busbw (DESIGN.md), and per measured step the communication time, the part
+// nccl-tests' algbw and busbw (docs/metrics.md), and per measured step the communication time, the part
 // the step waited on (exposed) and the overlap fraction. hsdp's collectives run on sub-groups: their
 // rows name the level (intra-node / inter-node) and take busbw's factor from the group's size.
 #include <map>

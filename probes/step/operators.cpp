@@ -156,7 +156,11 @@ OperatorTimeProbe::~OperatorTimeProbe() {
 
 void OperatorTimeProbe::phase(const StepInfo& s, int next) {
   const double t = now_s();
-  if (s.measured && !profiled_ && next > 0) current_[static_cast<size_t>(next - 1)] = t - mark_;
+  if (s.measured && next > 0) {
+    const size_t p = static_cast<size_t>(next - 1);
+    if (profiled_) profiled_walls_[p] += t - mark_;
+    else current_[p] = t - mark_;
+  }
   mark_ = t;
   g_phase = s.measured && profiled_ && next < 3 ? next : -1;
 }
@@ -188,6 +192,9 @@ json OperatorTimeProbe::section() const {
     std::vector<double> w;
     for (const auto& s : walls_) w.push_back(s[p]);
     j["phase_wall_s"][phases[p]] = w.empty() ? json() : json(summarize(w).p50);
+    // The profiled steps' own walls, per step: their operators ran inside them, one at a time on this
+    // thread, so the self times of a phase add up to at most its wall here (by construction).
+    j["profiled_phase_wall_s"][phases[p]] = profiled_walls_[p] / static_cast<double>(std::max<int64_t>(1, profiled_steps_));
     for (size_t k = 0; k < operator_kinds().size(); ++k) {
       const double n = static_cast<double>(std::max<int64_t>(1, profiled_steps_));
       j["self_s"][phases[p]][operator_kinds()[k]] = a.self_s[p][k] / n;

@@ -45,6 +45,7 @@ class OperatorTimeProbe : public Probe {
   double mark_ = 0;                     // the current phase's start (s)
   std::vector<std::array<double, 3>> walls_;  // unprofiled measured steps: forward, backward, optimizer
   std::array<double, 3> current_{};
+  std::array<double, 3> profiled_walls_{};  // the profiled steps' phase walls, summed: what their self times fit in
 };
 
 }  // namespace trainscope::probes

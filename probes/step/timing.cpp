@@ -4,7 +4,8 @@
 
 #include <torch/torch.h>
 
-#include "core/datasheet.hpp"
+#include "core/devices.hpp"
+#include "core/precision.hpp"
 #include "core/model_shape.hpp"
 #include "core/stats.hpp"
 
@@ -70,18 +71,10 @@ std::unique_ptr<StepClock> make_step_clock(const std::string& device) {
   return std::make_unique<HostClock>();
 }
 
-std::string compute_dtype(const std::string& precision) {
-  if (precision == "bf16-mixed") return "bf16";
-  if (precision == "fp8") return "fp8";  // its MFU is against the fp8 peak
-  if (precision == "tf32") return "tf32";
-  if (precision == "64-true") return "fp64";
-  return "fp32";
-}
-
 double measure_gemm_peak(const std::string& device, const std::string& dtype, int repeats) {
   const bool cuda = device.rfind("cuda", 0) == 0;
   const int64_t n = cuda ? 8192 : 1024;
-  const auto scalar = dtype == "bf16" ? torch::kBFloat16 : dtype == "fp64" ? torch::kDouble : torch::kFloat;
+  const auto scalar = dtype == "bf16" ? torch::kBFloat16 : dtype == "fp16" ? torch::kHalf : dtype == "fp64" ? torch::kDouble : torch::kFloat;
   auto& ctx = at::globalContext();
   const bool tf32_before = ctx.allowTF32CuBLAS();
   ctx.setAllowTF32CuBLAS(dtype == "tf32");
@@ -115,9 +108,14 @@ void TimingProbe::run_begin(const RunInfo& info) {
   info_ = info;
   samples_per_step_ = info.config ? info.config->batch_size : 0;
   clock_ = make_step_clock(info.device);
-  if (measure_peak_ && info_.peak_flops_per_s <= 0 && info.config) {
-    info_.peak_flops_per_s = measure_gemm_peak(info.device, compute_dtype(info.config->precision));
-    info_.peak_source = "measured " + compute_dtype(info.config->precision) + " GEMM on this device";
+  if (measure_peak_ && info.config && !info.compute_dtype.empty()) {
+    // The peaks MFU's convention divides by (core/precision.hpp): the GEMMs' dtype, and for fp8 the
+    // attention's too.
+    const PrecisionTraits& t = precision_traits(info.config->precision);
+    std::vector<std::string> dtypes = {info.compute_dtype};
+    if (t.fp8_linear && info.compute_dtype == "fp8") dtypes.push_back(t.attention);
+    for (const auto& d : dtypes) gemm_peaks_[d] = measure_gemm_peak(info.device, d);
+    peak_source_ = "measured " + info.compute_dtype + " GEMM on this device";
   }
 }
 
@@ -178,32 +176,22 @@ json TimingProbe::section() const {
   j["samples_per_s"] = samples_per_s;
   j["samples_per_s_per_device"] = per_device;
   j["tokens_per_s"] = info_.tokens_per_sample > 0 ? json(samples_per_s * info_.tokens_per_sample) : json(nullptr);
-  const double flops = samples_per_s * info_.flops_per_sample;
-  const double peak = info_.peak_flops_per_s * world;
+  // The raw measurements; MFU and its peaks derive from them (core/precision.hpp: derive_mfu), so that a
+  // stored report can be derived again under later definitions.
   j["flops_per_sample"] = info_.flops_per_sample;
-  j["flops_per_s"] = flops;
-  j["peak_flops_per_s"] = nan_if_zero(info_.peak_flops_per_s);
-  j["peak_source"] = info_.peak_flops_per_s > 0 ? json(info_.peak_source) : json(nullptr);
-  j["mfu"] = peak > 0 ? json(flops / peak) : json(nullptr);
+  j["attention_flops_per_sample"] = info_.attention_flops_per_sample;
+  j["recompute_flops_per_sample"] = info_.recompute_flops_per_sample;
+  json peaks = json::object();
+  for (const auto& [d, v] : gemm_peaks_) peaks[d] = nan_if_zero(v);
+  j["gemm_peaks_flops_per_s"] = peaks;
+  j["peak_source"] = gemm_peaks_.empty() ? json(nullptr) : json(peak_source_);
   if (!info_.flops_convention.empty()) {
     // MFU is on the full-attention convention; the causal count (Megatron-Bridge's) stands beside it.
-    const double causal = samples_per_s * info_.causal_flops_per_sample;
     j["flops_convention"] = info_.flops_convention;
-    j["causal"] = {{"convention", flop_convention_name(FlopConvention::Causal)},
-                   {"flops_per_sample", info_.causal_flops_per_sample},
-                   {"flops_per_s", causal},
-                   {"mfu", peak > 0 ? json(causal / peak) : json(nullptr)}};
+    j["causal"] = {{"convention", flop_convention_name(FlopConvention::Causal)}, {"flops_per_sample", info_.causal_flops_per_sample}};
   }
-  // HFU counts what the hardware did, recomputation included.
-  const double hw_flops = samples_per_s * (info_.flops_per_sample + info_.recompute_flops_per_sample);
-  j["recompute_flops_per_sample"] = info_.recompute_flops_per_sample;
-  j["hfu"] = peak > 0 ? json(hw_flops / peak) : json(nullptr);
-  // The datasheet's dense peak of the cell's compute dtype, for a device known exactly; else null.
-  const std::string dtype = info_.config ? compute_dtype(info_.config->precision) : "fp32";
-  const auto sheet = datasheet_peak_flops(device_name(info_.device), dtype);
-  j["compute_dtype"] = dtype;
-  j["datasheet_peak_flops_per_s"] = sheet ? json(*sheet) : json(nullptr);
-  j["mfu_datasheet"] = sheet ? json(flops / (*sheet * world)) : json(nullptr);
+  if (info_.config)
+    derive_mfu(j, precision_traits(info_.config->precision), info_.compute_dtype, device_name(info_.device), info_.world_size);
   j["throughput_over_run"] =
       throughput_windows(step_ends_, samples_per_step_, info_.config ? info_.config->sustain_window_s : 60.0);
   return j;

@@ -4,6 +4,7 @@
 // CPU: host steady clock. CUDA (torch CUDA builds): CUDA events on the current stream, resolved once
 // at run end so the loop never waits on them. Warm-up steps are not measured.
 #include <array>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -11,11 +12,9 @@
 
 namespace trainscope::probes {
 
-// Best-of-n GEMM throughput (FLOP/s) for `dtype` ("fp32", "tf32", "bf16") on `device`: the MFU
-// denominator. Square matrices sized for the device (1024 on CPU, 8192 on GPU).
+// Best-of-n GEMM throughput (FLOP/s) for `dtype` ("fp32", "tf32", "bf16", "fp16", "fp8", "fp64") on
+// `device`: the MFU denominator. Square matrices sized for the device (1024 on CPU, 8192 on GPU).
 double measure_gemm_peak(const std::string& device, const std::string& dtype, int repeats = 5);
-// The dtype a precision mode's matmuls run in.
-std::string compute_dtype(const std::string& precision);
 
 // The five time points of a step: begin, forward end, backward end, optimizer end, step end.
 class StepClock {
@@ -48,6 +47,8 @@ class TimingProbe : public Probe {
   }
   RunInfo info_;
   bool measure_peak_;
+  std::map<std::string, double> gemm_peaks_;  // dtype -> measured FLOP/s (the ones MFU's convention needs)
+  std::string peak_source_;
   std::unique_ptr<StepClock> clock_;
   std::vector<std::array<double, 4>> steps_;
   std::vector<double> step_ends_;  // host seconds at each measured step's end: throughput over the run

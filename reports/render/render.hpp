@@ -19,7 +19,7 @@ std::string render_html(const json& report, const std::string& chartjs_path = kC
 // Writes DIR/report.md and DIR/report.html (atomically, like report.json).
 void write_renderings(const json& report, const std::string& dir);
 
-// What a reader needs first (reports/digest.cpp): {"machine": one line, "nodes": one line where the
+// What a reader needs first (reports/render/digest.cpp): {"machine": one line, "nodes": one line where the
 // ranks spanned hosts, "decisions": [{"topic",
 // "text", "anchor"}], "problems": [{"severity", "text", "anchor"}], "cells_ok", "cells_other"}.
 json report_digest(const json& report);

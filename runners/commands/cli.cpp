@@ -6,13 +6,15 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <memory>
 
 #include <CLI/CLI.hpp>
 #include <torch/cuda.h>
 
 #include "core/build_info.hpp"
-#include "core/datasheet.hpp"
+#include "core/devices.hpp"
 #include "core/units.hpp"
 #include "core/errors.hpp"
 #include "core/model_shape.hpp"
@@ -22,6 +24,7 @@
 #include "reports/render/render.hpp"
 #include "reports/report.hpp"
 #include "runners/process/cell.hpp"
+#include "runners/process/folder_lock.hpp"
 #include "runners/process/launch.hpp"
 #include "runners/commands/parity.hpp"
 #include "runners/commands/ab.hpp"
@@ -143,18 +146,41 @@ int peak_command(const std::string& requested, std::vector<std::string> dtypes, 
   return 0;
 }
 
-int report_command(const std::string& dir) {
-  const json report = reports::read_report(dir);
-  // Re-rendered from the JSON alone, next to it.
+struct ReportArgs {
+  std::string dir;
+  bool rederive = false;
+  std::vector<std::string> hardware;
+};
+
+// `trainscope report DIR`: re-renders DIR/report.json; with --rederive, first derives its cells' MFU again
+// from their raw measurements under this version's definitions and writes the report back.
+int report_command(const ReportArgs& a) {
+  json report = reports::read_report(a.dir);
   namespace fs = std::filesystem;
-  std::string folder = fs::is_directory(dir) ? dir : fs::path(dir).parent_path().string();
+  std::string folder = fs::is_directory(a.dir) ? a.dir : fs::path(a.dir).parent_path().string();
   if (folder.empty()) folder = ".";
+  if (!a.hardware.empty() && !a.rederive) throw UsageError("report: --hardware goes with --rederive");
+  if (a.rederive) {
+    json hardware;
+    std::string source;
+    for (const auto& h : a.hardware) {
+      const json r = reports::read_report(h);
+      if (hardware.is_null()) hardware = r;
+      else for (const auto& c : r.value("cells", json::array())) hardware["cells"].push_back(c);
+      source += (source.empty() ? "" : " + ") + h;
+    }
+    if (!hardware.is_null()) hardware["source"] = source;
+    const FolderLock lock(folder);
+    report = reports::rederive_report(report, hardware);
+    reports::write_json_atomic((fs::path(folder) / "report.json").string(), report);
+  }
   reports::write_renderings(report, folder);
   std::printf("suite %s, created %s, trainscope %s (%s)\n\n", report["suite"].value("name", "?").c_str(),
               report["created"].get<std::string>().c_str(), report["trainscope"].value("version", "?").c_str(),
               report["trainscope"].value("commit", "?").c_str());
   std::printf("%s", reports::render_summary(report).c_str());
-  std::printf("\nwritten: %s/report.md, %s/report.html\n", folder.c_str(), folder.c_str());
+  std::printf("\nwritten: %s%s/report.md, %s/report.html\n", a.rederive ? (folder + "/report.json (derived again), ").c_str() : "",
+              folder.c_str(), folder.c_str());
   return 0;
 }
 
@@ -193,232 +219,304 @@ std::pair<std::string, std::string> split_set(const std::string& kv) {
   return {kv.substr(0, eq), kv.substr(eq + 1)};
 }
 
-}  // namespace
+// The command line: each command's options bound into its own state, and what it does once parsed.
+class Cli {
+ public:
+  Cli() {
+    app_.set_version_flag("--version", std::string(version()) + " (" + commit() + ")");
+    app_.require_subcommand(1);
+    add_run();
+    add_info();
+    add_compare();
+    add_parity();
+    add_peak();
+    add_plan();
+    add_ab();
+    add_history();
+    add_cell();
+  }
+  int main(int argc, char** argv);
 
-int cli_main(int argc, char** argv) {
-  CLI::App app{"trainscope: benchmarks and diagnostics for deep-learning training"};
-  app.set_version_flag("--version", std::string(version()) + " (" + commit() + ")");
-  app.require_subcommand(1);
+ private:
+  void command(CLI::App* sub, std::function<int()> run) { commands_.emplace_back(sub, std::move(run)); }
+  void add_run();
+  void add_info();  // list, env, report, trace, export
+  void add_compare();
+  void add_parity();
+  void add_peak();
+  void add_plan();
+  void add_ab();
+  void add_history();
+  void add_cell();
 
-  RunOptions run;
-  std::vector<std::string> sets;
-  std::string steps, warmup, seed, threads;
-  auto* run_cmd = app.add_subcommand("run", "Run a suite: every cell in its own process; writes report.json");
-  run_cmd->add_option("--suite", run.suite, "built-in suite name or path to a .toml suite file")->capture_default_str();
-  run_cmd->add_option("--device", run.device, "auto | cpu | cuda | cuda:<index> (default: the suite's, else auto)");
-  run_cmd->add_option("--out", run.out, "output folder (default results/<UTC timestamp>)");
-  run_cmd->add_option("--steps", steps, "measured steps per cell (overrides the suite)");
-  run_cmd->add_option("--warmup", warmup, "warm-up steps per cell");
-  run_cmd->add_option("--seed", seed, "seed of every generator");
-  run_cmd->add_option("--threads", threads, "intra-op CPU threads (0: one per core)");
-  run_cmd->add_option("--set", sets, "override any configuration key: --set key=value (repeatable)");
-  run_cmd->add_option("--filter", run.filter, "regular expression on cell names");
-  run_cmd->add_flag("--resume", run.resume, "reuse finished cells found in --out");
-  run_cmd->add_option("--memory-budget", run.memory_budget,
-                      "refuse tensor allocations past SIZE (512MiB, 2GB): cells that exceed it end as oom");
-  run_cmd->add_flag("--frontier", run.frontier, "also search the largest batch that fits the budget, per policy");
-  run_cmd->add_option("--nproc", run.nproc,
-                      "local ranks allowed per cell: cells with world_size up to N run as N processes (default 1; "
-                      "under torchrun/srun/mpirun the launcher decides)")
+  CLI::App app_{"trainscope: benchmarks and diagnostics for deep-learning training"};
+  std::vector<std::pair<CLI::App*, std::function<int()>>> commands_;
+};
+
+// --device-file FILE: a device the table does not know, for this process and the cells it starts.
+void add_device_file(CLI::App* sub, std::string& path) {
+  sub->add_option("--device-file", path,
+                  "a TOML file describing a GPU the device table does not know (docs/plan.md#devices): its memory, "
+                  "bandwidths and dense peaks");
+}
+
+void Cli::add_run() {
+  struct State {
+    RunOptions run;
+    std::vector<std::string> sets;
+    std::string steps, warmup, seed, threads, device_file;
+    bool trace = false;
+  };
+  auto st = std::make_shared<State>();
+  auto* c = app_.add_subcommand("run", "Run a suite: every cell in its own process; writes report.json");
+  c->add_option("--suite", st->run.suite, "built-in suite name or path to a .toml suite file")->capture_default_str();
+  c->add_option("--device", st->run.device, "auto | cpu | cuda | cuda:<index> (default: the suite's, else auto)");
+  c->add_option("--out", st->run.out, "output folder (default results/<UTC timestamp>)");
+  c->add_option("--steps", st->steps, "measured steps per cell (overrides the suite)");
+  c->add_option("--warmup", st->warmup, "warm-up steps per cell");
+  c->add_option("--seed", st->seed, "seed of every generator");
+  c->add_option("--threads", st->threads, "intra-op CPU threads (0: one per core)");
+  c->add_option("--set", st->sets, "override any configuration key: --set key=value (repeatable)");
+  c->add_option("--filter", st->run.filter, "regular expression on cell names");
+  c->add_flag("--resume", st->run.resume, "reuse finished cells found in --out");
+  c->add_option("--memory-budget", st->run.memory_budget, "refuse tensor allocations past SIZE (512MiB, 2GB): cells that exceed it end as oom");
+  c->add_flag("--frontier", st->run.frontier, "also search the largest batch that fits the budget, per policy");
+  c->add_option("--nproc", st->run.nproc,
+                "local ranks allowed per cell: cells with world_size up to N run as N processes (default 1; under "
+                "torchrun/srun/mpirun the launcher decides)")
       ->check(CLI::Range(1, 1024));
-  run_cmd->add_option("--repeat", run.repeat,
-                      "runs of each cell, each in its own process: the cell reports every run and their spread "
-                      "(default: the suite's `repeat`, else 1)")
+  c->add_option("--repeat", st->run.repeat,
+                "runs of each cell, each in its own process: the cell reports every run and their spread (default: the "
+                "suite's `repeat`, else 1)")
       ->check(CLI::Range(1, 100));
+  c->add_flag("--trace", st->trace, "write a Perfetto / Chrome trace per cell (traces/<cell>.json): steps, phases, "
+                                    "collectives, memory and loss-scale counters, one process per rank");
+  add_device_file(c, st->device_file);
+  command(c, [st] {
+    if (!st->device_file.empty()) use_device_file(st->device_file);
+    for (const auto& [key, value] : {std::pair<const char*, std::string*>{"steps", &st->steps}, {"warmup_steps", &st->warmup},
+                                     {"seed", &st->seed}, {"threads", &st->threads}})
+      if (!value->empty()) st->run.sets.emplace_back(key, *value);
+    if (st->trace) st->run.sets.emplace_back("trace", "true");
+    for (const auto& kv : st->sets) st->run.sets.push_back(split_set(kv));
+    return run_suite(st->run);
+  });
+}
 
-  auto* list_cmd = app.add_subcommand("list", "Suites, axes and values, and what this build supports here");
-  auto* env_cmd = app.add_subcommand("env", "Hardware and software inventory as JSON");
-  std::string report_dir;
-  auto* report_cmd = app.add_subcommand("report", "Re-render the summary, report.md and report.html of a results folder from its JSON");
-  report_cmd->add_option("dir", report_dir, "results folder or report.json")->required();
+void Cli::add_info() {
+  command(app_.add_subcommand("list", "Suites, axes and values, and what this build supports here"), [] { return list_command(); });
+  command(app_.add_subcommand("env", "Hardware and software inventory as JSON"), [] {
+    std::cout << probes::collect_env().dump(2) << "\n";
+    return 0;
+  });
+  auto report = std::make_shared<ReportArgs>();
+  auto* r = app_.add_subcommand("report", "Re-render the summary, report.md and report.html of a results folder from its JSON");
+  r->add_option("dir", report->dir, "results folder or report.json")->required();
+  r->add_flag("--rederive", report->rederive,
+              "first derive each cell's MFU and peaks again from its raw measurements with this version's definitions, "
+              "and write report.json back");
+  r->add_option("--hardware", report->hardware,
+                "with --rederive: results folder of the hardware suite on the same machine, for GEMM peaks a cell did not measure");
+  command(r, [report] { return report_command(*report); });
+  auto trace_dir = std::make_shared<std::string>();
+  auto* t = app_.add_subcommand("trace", "Merge each cell's rank timelines of a results folder into traces/<cell>.json");
+  t->add_option("dir", *trace_dir, "results folder")->required();
+  command(t, [trace_dir] { return trace_command(*trace_dir); });
+  auto exported = std::make_shared<std::pair<std::string, bool>>();
+  auto* e = app_.add_subcommand("export", "Write a report's figures for dashboards");
+  e->add_option("report", exported->first, "report.json or its folder")->required();
+  e->add_flag("--bmf", exported->second, "Bencher Metric Format: latency (ns), throughput, peak memory per cell")->required();
+  command(e, [exported] {
+    std::cout << reports::export_bmf(reports::read_report(exported->first)).dump(2) << "\n";
+    return 0;
+  });
+}
 
-  bool trace = false;
-  run_cmd->add_flag("--trace", trace, "write a Perfetto / Chrome trace per cell (traces/<cell>.json): steps, phases, "
-                                      "collectives, memory and loss-scale counters, one process per rank");
-  std::string trace_dir;
-  auto* trace_cmd = app.add_subcommand("trace", "Merge each cell's rank timelines of a results folder into traces/<cell>.json");
-  trace_cmd->add_option("dir", trace_dir, "results folder")->required();
-
-  CompareArgs cmp;
-  auto* compare_cmd = app.add_subcommand(
+void Cli::add_compare() {
+  auto a = std::make_shared<CompareArgs>();
+  auto* c = app_.add_subcommand(
       "compare", "Compare two runs (reports or results folders): per cell and metric a verdict; exit 1 on a regression, 3 when a change could not be decided");
-  compare_cmd->add_option("base", cmp.base, "the baseline: report.json or its folder")->required();
-  compare_cmd->add_option("new", cmp.next, "the run to judge: report.json or its folder")->required();
-  compare_cmd->add_option("--format", cmp.format, "text (a table), md (a pull-request comment) or json")
-      ->check(CLI::IsMember({"text", "md", "json"}));
-  compare_cmd->add_option("--min-effect", cmp.min_effect_pct,
-                          "smallest time change in percent that can be a regression (doubled without 3 repetitions)")
+  c->add_option("base", a->base, "the baseline: report.json or its folder")->required();
+  c->add_option("new", a->next, "the run to judge: report.json or its folder")->required();
+  c->add_option("--format", a->format, "text (a table), md (a pull-request comment) or json")->check(CLI::IsMember({"text", "md", "json"}));
+  c->add_option("--min-effect", a->min_effect_pct, "smallest time change in percent that can be a regression (doubled without 3 repetitions)")
       ->check(CLI::Range(0.0, 1000.0))->capture_default_str();
-  compare_cmd->add_option("--alpha", cmp.alpha, "significance level of the one-sided Mann-Whitney U test")
-      ->check(CLI::Range(1e-9, 0.5))->capture_default_str();
-  compare_cmd->add_option("--memory-tolerance", cmp.memory_tolerance_pct, "peak memory increase in percent that is a regression")
+  c->add_option("--alpha", a->alpha, "significance level of the one-sided Mann-Whitney U test")->check(CLI::Range(1e-9, 0.5))->capture_default_str();
+  c->add_option("--memory-tolerance", a->memory_tolerance_pct, "peak memory increase in percent that is a regression")
       ->check(CLI::Range(0.0, 1000.0))->capture_default_str();
-  compare_cmd->add_flag("--exact-loss", cmp.exact_loss, "deterministic runs: every step's loss must be identical");
-  compare_cmd->add_flag("--no-color", cmp.no_colour, "no ANSI colours (also when NO_COLOR is set or not a terminal)");
+  c->add_flag("--exact-loss", a->exact_loss, "deterministic runs: every step's loss must be identical");
+  c->add_flag("--no-color", a->no_colour, "no ANSI colours (also when NO_COLOR is set or not a terminal)");
+  command(c, [a] { return compare_command(*a); });
+}
 
-  ParityOptions parity;
-  parity.run.suite = "parity";
-  parity.run.nproc = 4;  // the hsdp row: two shard groups of two ranks
-  std::vector<std::string> parity_sets;
-  auto* parity_cmd = app.add_subcommand(
+void Cli::add_parity() {
+  struct State {
+    ParityOptions parity;
+    std::vector<std::string> sets;
+  };
+  auto st = std::make_shared<State>();
+  st->parity.run.suite = "parity";
+  st->parity.run.nproc = 4;  // the hsdp row: two shard groups of two ranks
+  auto* c = app_.add_subcommand(
       "parity", "Run a suite (default: parity), then PyTorch's own DDP, FSDP2, ZeRO, checkpointing, GradScaler and "
                 "autocast on what each cell trained on: both sides' numbers in the report; exit 1 on a difference");
-  parity_cmd->add_option("--suite", parity.run.suite, "built-in suite name or .toml file whose cells set parity_dump")
-      ->capture_default_str();
-  parity_cmd->add_option("--out", parity.run.out, "output folder (default results/parity-<UTC timestamp>)");
-  parity_cmd->add_option("--filter", parity.run.filter, "regular expression on cell names");
-  parity_cmd->add_option("--nproc", parity.run.nproc, "local ranks allowed per cell")->check(CLI::Range(1, 1024))
-      ->capture_default_str();
-  parity_cmd->add_option("--set", parity_sets, "override any configuration key: --set key=value (repeatable)");
-  parity_cmd->add_option("--python", parity.python, std::string("Python with the torch wheel (default ") + parity_python() + ")");
-  parity_cmd->add_option("--reference", parity.reference,
-                         std::string("folder of reference.py (default ") + parity_reference_dir() + ")");
+  c->add_option("--suite", st->parity.run.suite, "built-in suite name or .toml file whose cells set parity_dump")->capture_default_str();
+  c->add_option("--out", st->parity.run.out, "output folder (default results/parity-<UTC timestamp>)");
+  c->add_option("--filter", st->parity.run.filter, "regular expression on cell names");
+  c->add_option("--nproc", st->parity.run.nproc, "local ranks allowed per cell")->check(CLI::Range(1, 1024))->capture_default_str();
+  c->add_option("--set", st->sets, "override any configuration key: --set key=value (repeatable)");
+  c->add_option("--python", st->parity.python, std::string("Python with the torch wheel (default ") + parity_python() + ")");
+  c->add_option("--reference", st->parity.reference, std::string("folder of reference.py (default ") + parity_reference_dir() + ")");
+  command(c, [st] {
+    for (const auto& kv : st->sets) st->parity.run.sets.push_back(split_set(kv));
+    return parity_command(st->parity);
+  });
+}
 
-  std::string peak_device = "auto", peak_out;
-  std::vector<std::string> peak_dtypes;
-  bool peak_thorough = false;
-  auto* peak_cmd = app.add_subcommand("peak", "Achievable GEMM FLOP/s per dtype (mamf-finder's method), against the datasheet");
-  peak_cmd->add_option("--device", peak_device, "auto | cpu | cuda | cuda:<index>")->capture_default_str();
-  peak_cmd->add_option("--dtypes", peak_dtypes, "fp32 tf32 bf16 fp16 fp8 fp64 (default: what the device has)");
-  peak_cmd->add_flag("--thorough", peak_thorough, "the long shape sweep");
-  peak_cmd->add_option("--out", peak_out, "also write the results as JSON to this file");
+void Cli::add_peak() {
+  struct State {
+    std::string device = "auto", out;
+    std::vector<std::string> dtypes;
+    bool thorough = false;
+  };
+  auto st = std::make_shared<State>();
+  auto* c = app_.add_subcommand("peak", "Achievable GEMM FLOP/s per dtype (mamf-finder's method), against the datasheet");
+  c->add_option("--device", st->device, "auto | cpu | cuda | cuda:<index>")->capture_default_str();
+  c->add_option("--dtypes", st->dtypes, "fp32 tf32 bf16 fp16 fp8 fp64 (default: what the device has)");
+  c->add_flag("--thorough", st->thorough, "the long shape sweep");
+  c->add_option("--out", st->out, "also write the results as JSON to this file");
+  command(c, [st] { return peak_command(st->device, st->dtypes, st->thorough, st->out); });
+}
 
-  PlanArgs plan;
-  auto* plan_cmd = app.add_subcommand("plan", "Will a model fit on a cluster, how fast, with which settings: predicted, or checked against a results folder");
-  plan_cmd->add_option("--check", plan.check, "a results folder: predict each of its cells and print predicted beside measured");
-  plan_cmd->add_flag("--into-report", plan.into_report, "with --check: store each cell's comparison in the folder's report.json and re-render report.md and report.html");
-  std::vector<std::string> plan_sets;
-  plan_cmd->add_option("--model", plan.model, "a preset (trainscope list) or a family with --set dimensions")->capture_default_str();
-  plan_cmd->add_option("--gpus-per-node", plan.gpus_per_node, "GPUs per node")->capture_default_str();
-  plan_cmd->add_option("--nodes", plan.nodes, "nodes")->capture_default_str();
-  plan_cmd->add_option("--device", plan.device, "the GPU's datasheet: H100-SXM, H100-PCIe, H200, A100-80GB, A100-40GB, B200, MI300X")->capture_default_str();
-  plan_cmd->add_option("--seq", plan.seq, "sequence length (default: the model's)");
-  plan_cmd->add_option("--global-batch", plan.global_batch, "tokens per optimizer step: 1048576, 4M (x 2^20), 512K (default 1M)");
-  plan_cmd->add_option("--memory-headroom", plan.headroom, "device memory kept free (context, workspaces, fragmentation)")->capture_default_str();
-  plan_cmd->add_option("--set", plan_sets, "fix an axis (precision, parallel, checkpoint, attention, batch_size) or a model dimension: --set key=value");
-  plan_cmd->add_option("--out", plan.out, "also write plan.json, plan.md and plan.html into this folder");
-  plan_cmd->add_option("--hardware", plan.hardware,
-                       "results folder of `trainscope run --suite hardware` on the device: its measured GEMM, memory and "
-                       "collective figures (repeatable: a collectives cell run across the cluster's nodes adds the two levels)");
-  plan_cmd->add_option("--format", plan.format, "text | md | json")->check(CLI::IsMember({"text", "md", "json"}));
+void Cli::add_plan() {
+  struct State {
+    PlanArgs plan;
+    std::vector<std::string> sets;
+    std::string device_file;
+  };
+  auto st = std::make_shared<State>();
+  PlanArgs& p = st->plan;
+  auto* c = app_.add_subcommand("plan", "Will a model fit on a cluster, how fast, with which settings: predicted, or checked against a results folder");
+  c->add_option("--check", p.check, "a results folder: predict each of its cells and print predicted beside measured");
+  c->add_flag("--into-report", p.into_report, "with --check: store each cell's comparison in the folder's report.json and re-render report.md and report.html");
+  c->add_option("--model", p.model, "a preset (trainscope list) or a family with --set dimensions")->capture_default_str();
+  c->add_option("--gpus-per-node", p.gpus_per_node, "GPUs per node")->capture_default_str();
+  c->add_option("--nodes", p.nodes, "nodes")->capture_default_str();
+  std::string devices;
+  for (const auto& k : device_keys()) devices += (devices.empty() ? "" : ", ") + k;
+  c->add_option("--device", p.device, "the GPU's datasheet: " + devices)->capture_default_str();
+  add_device_file(c, st->device_file);
+  c->add_option("--seq", p.seq, "sequence length (default: the model's)");
+  c->add_option("--global-batch", p.global_batch, "tokens per optimizer step: 1048576, 4M (x 2^20), 512K (default 1M)");
+  c->add_option("--memory-headroom", p.headroom, "device memory kept free (context, workspaces, fragmentation)")->capture_default_str();
+  c->add_option("--set", st->sets, "fix an axis (precision, parallel, checkpoint, attention, batch_size) or a model dimension: --set key=value");
+  c->add_option("--out", p.out, "also write plan.json, plan.md and plan.html into this folder");
+  c->add_option("--hardware", p.hardware,
+                "results folder of `trainscope run --suite hardware` on the device: its measured GEMM, memory and collective "
+                "figures (repeatable: a collectives cell run across the cluster's nodes adds the two levels)");
+  c->add_option("--format", p.format, "text | md | json")->check(CLI::IsMember({"text", "md", "json"}));
+  command(c, [st] {
+    if (!st->device_file.empty()) use_device_file(st->device_file);
+    for (const auto& kv : st->sets) st->plan.sets.push_back(split_set(kv));
+    return plan_command(st->plan);
+  });
+}
 
-  AbArgs ab;
-  std::vector<std::string> ab_base_sets, ab_new_sets;
-  auto* ab_cmd = app.add_subcommand("ab", "Pre-merge gate: two builds' cells interleaved in ABBA blocks on this runner, paired statistics; exit 0 pass, 1 regression, 3 inconclusive");
-  ab_cmd->add_option("--base", ab.base, "the base build's trainscope binary")->required();
-  ab_cmd->add_option("--new", ab.fresh, "the new build's trainscope binary (the same one: an A/A run)")->required();
-  ab_cmd->add_option("--suite", ab.suite, "suite whose cells gate (built-in or a file both builds read)")->capture_default_str();
-  ab_cmd->add_option("--filter", ab.filter, "regular expression on cell names");
-  ab_cmd->add_option("--blocks", ab.blocks, "ABBA blocks to start with (at least the fewest that can decide: 2^-n <= alpha / cells)")->capture_default_str();
-  ab_cmd->add_option("--max-blocks", ab.max_blocks, "blocks at most, 2 more at a time while inconclusive")->capture_default_str();
-  ab_cmd->add_option("--per-side", ab.per_side, "processes per side in each block (ABBA at 2, ABBAAB at 3): more removes more slow processes on a noisy runner")
+void Cli::add_ab() {
+  struct State {
+    AbArgs ab;
+    std::vector<std::string> base_sets, new_sets;
+  };
+  auto st = std::make_shared<State>();
+  AbArgs& ab = st->ab;
+  auto* c = app_.add_subcommand("ab", "Pre-merge gate: two builds' cells interleaved in ABBA blocks on this runner, paired statistics; exit 0 pass, 1 regression, 3 inconclusive");
+  c->add_option("--base", ab.base, "the base build's trainscope binary")->required();
+  c->add_option("--new", ab.fresh, "the new build's trainscope binary (the same one: an A/A run)")->required();
+  c->add_option("--suite", ab.suite, "suite whose cells gate (built-in or a file both builds read)")->capture_default_str();
+  c->add_option("--filter", ab.filter, "regular expression on cell names");
+  c->add_option("--blocks", ab.blocks, "ABBA blocks to start with (at least the fewest that can decide: 2^-n <= alpha / cells)")->capture_default_str();
+  c->add_option("--max-blocks", ab.max_blocks, "blocks at most, 2 more at a time while inconclusive")->capture_default_str();
+  c->add_option("--per-side", ab.per_side, "processes per side in each block (ABBA at 2, ABBAAB at 3): more removes more slow processes on a noisy runner")
       ->check(CLI::Range(1, 8))
       ->capture_default_str();
-  ab_cmd->add_option("--min-effect", ab.min_effect, "the smallest slowdown that counts as a regression")->capture_default_str();
-  ab_cmd->add_option("--alpha", ab.alpha, "significance level over all cells (Holm)")->capture_default_str();
-  ab_cmd->add_option("--base-set", ab_base_sets, "a setting for the base side only: --base-set key=value");
-  ab_cmd->add_option("--new-set", ab_new_sets, "a setting for the new side only (--new-set inject=slow:10 measures the gate's power)");
-  ab_cmd->add_option("--nproc", ab.nproc, "local ranks for multi-rank cells")->capture_default_str();
-  ab_cmd->add_option("--out", ab.out, "folder for every slot's report and ab.json (default results/ab-<UTC>)");
-  ab_cmd->add_option("--format", ab.format, "text | md | json")->check(CLI::IsMember({"text", "md", "json"}));
+  c->add_option("--min-effect", ab.min_effect, "the smallest slowdown that counts as a regression")->capture_default_str();
+  c->add_option("--alpha", ab.alpha, "significance level over all cells (Holm)")->capture_default_str();
+  c->add_option("--base-set", st->base_sets, "a setting for the base side only: --base-set key=value");
+  c->add_option("--new-set", st->new_sets, "a setting for the new side only (--new-set inject=slow:10 measures the gate's power)");
+  c->add_option("--nproc", ab.nproc, "local ranks for multi-rank cells")->capture_default_str();
+  c->add_option("--out", ab.out, "folder for every slot's report and ab.json (default results/ab-<UTC>)");
+  c->add_option("--format", ab.format, "text | md | json")->check(CLI::IsMember({"text", "md", "json"}));
+  command(c, [st] {
+    for (const auto& kv : st->base_sets) st->ab.base_sets.push_back(split_set(kv));
+    for (const auto& kv : st->new_sets) st->ab.new_sets.push_back(split_set(kv));
+    return ab_command(st->ab);
+  });
+}
 
-  HistoryArgs history;
-  auto* history_cmd = app.add_subcommand("history", "Post-merge trend: one metric per cell over many stored reports, change points flagged (E-divisive means)");
-  history_cmd->add_option("paths", history.paths, "reports, results folders, or folders searched for report.json")->required();
-  history_cmd->add_option("--metric", history.metric, "step_time | throughput | peak_memory")
+void Cli::add_history() {
+  auto h = std::make_shared<HistoryArgs>();
+  auto* c = app_.add_subcommand("history", "Post-merge trend: one metric per cell over many stored reports, change points flagged (E-divisive means)");
+  c->add_option("paths", h->paths, "reports, results folders, or folders searched for report.json")->required();
+  c->add_option("--metric", h->metric, "step_time | throughput | peak_memory")
       ->check(CLI::IsMember({"step_time", "throughput", "peak_memory"}))->capture_default_str();
-  history_cmd->add_option("--filter", history.filter, "regular expression on cell names");
-  history_cmd->add_option("--min-effect", history.min_effect, "a change point whose medians differ less is not flagged")->capture_default_str();
-  history_cmd->add_option("--alpha", history.alpha, "the permutation test's level")->capture_default_str();
-  history_cmd->add_option("--format", history.format, "text | md | json")->check(CLI::IsMember({"text", "md", "json"}));
+  c->add_option("--filter", h->filter, "regular expression on cell names");
+  c->add_option("--min-effect", h->min_effect, "a change point whose medians differ less is not flagged")->capture_default_str();
+  c->add_option("--alpha", h->alpha, "the permutation test's level")->capture_default_str();
+  c->add_option("--format", h->format, "text | md | json")->check(CLI::IsMember({"text", "md", "json"}));
+  command(c, [h] { return history_command(*h); });
+}
 
-  std::string export_report;
-  bool export_bmf = false;
-  auto* export_cmd = app.add_subcommand("export", "Write a report's figures for dashboards");
-  export_cmd->add_option("report", export_report, "report.json or its folder")->required();
-  export_cmd->add_flag("--bmf", export_bmf, "Bencher Metric Format: latency (ns), throughput, peak memory per cell")->required();
+void Cli::add_cell() {
+  struct State {
+    std::string spec, result, store;  // store: host:port
+    CellRank rank;
+  };
+  auto st = std::make_shared<State>();
+  auto* c = app_.add_subcommand("_cell", "");  // hidden: one cell in a child process
+  c->group("");
+  c->add_option("--spec", st->spec)->required();
+  c->add_option("--result", st->result)->required();
+  c->add_option("--rank", st->rank.rank);
+  c->add_option("--world", st->rank.world);
+  c->add_option("--local-rank", st->rank.local_rank);
+  c->add_option("--local-world", st->rank.local_world);
+  c->add_option("--store", st->store);
+  c->add_option("--prefix", st->rank.prefix);
+  command(c, [st] {
+    if (const size_t colon = st->store.rfind(':'); colon != std::string::npos) {
+      st->rank.store_host = st->store.substr(0, colon);
+      st->rank.store_port = std::stoi(st->store.substr(colon + 1));
+    }
+    return cell_main(st->spec, st->result, st->rank);
+  });
+}
 
-  std::string spec, result;
-  auto* cell_cmd = app.add_subcommand("_cell", "");  // hidden: one cell in a child process
-  cell_cmd->group("");
-  cell_cmd->add_option("--spec", spec)->required();
-  cell_cmd->add_option("--result", result)->required();
-  CellRank cell_rank;
-  std::string store;
-  cell_cmd->add_option("--rank", cell_rank.rank);
-  cell_cmd->add_option("--world", cell_rank.world);
-  cell_cmd->add_option("--local-rank", cell_rank.local_rank);
-  cell_cmd->add_option("--local-world", cell_rank.local_world);
-  cell_cmd->add_option("--store", store);  // host:port
-  cell_cmd->add_option("--prefix", cell_rank.prefix);
-
+int Cli::main(int argc, char** argv) {
   // CLI11 would call a stray word "extra arguments"; name it and the commands instead.
   if (argc > 1 && argv[1][0] != '-') {
     const std::string word = argv[1];
     bool known = false;
-    for (const auto* sub : app.get_subcommands({})) known = known || sub->check_name(word);
+    for (const auto* sub : app_.get_subcommands({})) known = known || sub->check_name(word);
     if (!known) {
       std::fprintf(stderr, "trainscope: error: unknown command '%s' (allowed: run, list, env, report, compare, ab, history, parity, peak, plan, export, trace)\n", word.c_str());
       return 2;
     }
   }
   try {
-    app.parse(argc, argv);
+    app_.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    return app_.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
+    return app_.exit(e);
   } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
+    return app_.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "trainscope: error: %s (see trainscope --help)\n", e.what());
     return 2;
   }
-
   try {
-    if (cell_cmd->parsed()) {
-      if (const size_t colon = store.rfind(':'); colon != std::string::npos) {
-        cell_rank.store_host = store.substr(0, colon);
-        cell_rank.store_port = std::stoi(store.substr(colon + 1));
-      }
-      return cell_main(spec, result, cell_rank);
-    }
-    if (list_cmd->parsed()) return list_command();
-    if (env_cmd->parsed()) {
-      std::cout << probes::collect_env().dump(2) << "\n";
-      return 0;
-    }
-    if (report_cmd->parsed()) return report_command(report_dir);
-    if (compare_cmd->parsed()) return compare_command(cmp);
-    if (peak_cmd->parsed()) return peak_command(peak_device, peak_dtypes, peak_thorough, peak_out);
-    if (parity_cmd->parsed()) {
-      for (const auto& kv : parity_sets) parity.run.sets.push_back(split_set(kv));
-      return parity_command(parity);
-    }
-    if (trace_cmd->parsed()) return trace_command(trace_dir);
-    if (ab_cmd->parsed()) {
-      for (const auto& kv : ab_base_sets) ab.base_sets.push_back(split_set(kv));
-      for (const auto& kv : ab_new_sets) ab.new_sets.push_back(split_set(kv));
-      return ab_command(ab);
-    }
-    if (history_cmd->parsed()) return history_command(history);
-    if (plan_cmd->parsed()) {
-      for (const auto& kv : plan_sets) plan.sets.push_back(split_set(kv));
-      return plan_command(plan);
-    }
-    if (export_cmd->parsed()) {
-      std::cout << reports::export_bmf(reports::read_report(export_report)).dump(2) << "\n";
-      return 0;
-    }
-    if (run_cmd->parsed()) {
-      if (!steps.empty()) run.sets.emplace_back("steps", steps);
-      if (!warmup.empty()) run.sets.emplace_back("warmup_steps", warmup);
-      if (!seed.empty()) run.sets.emplace_back("seed", seed);
-      if (!threads.empty()) run.sets.emplace_back("threads", threads);
-      if (trace) run.sets.emplace_back("trace", "true");
-      for (const auto& kv : sets) run.sets.push_back(split_set(kv));
-      return run_suite(run);
-    }
+    for (const auto& [sub, run] : commands_)
+      if (sub->parsed()) return run();
   } catch (const UsageError& e) {
     std::fprintf(stderr, "trainscope: error: %s\n", e.what());
     return 2;
@@ -428,6 +526,13 @@ int cli_main(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+int cli_main(int argc, char** argv) {
+  Cli cli;
+  return cli.main(argc, argv);
 }
 
 }  // namespace trainscope::runners

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <thread>
 
-#include "core/datasheet.hpp"
+#include "core/devices.hpp"
 #include "core/errors.hpp"
 #include "probes/device/env.hpp"
 #include "probes/device/gpu.hpp"
@@ -506,6 +506,8 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
       cell["world_size"] = rk.world;
       cell["backend"] = comm->backend();
     }
+    cell["layout"] = trainer.mesh().layout().to_json();
+    cell["layout"]["sharding"] = trainer.strategy().sharding_level();
     json metrics = json::object();
     for (const auto& p : hooks.probes())
       if (p->name() != "nvtx" && p->name() != "fault") metrics[p->name()] = p->section();
@@ -524,14 +526,12 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
     cell["metrics"] = metrics;
     if (config.save_parameters) {
       std::vector<torch::Tensor> params;
-      for (const auto& p : trainer.full_parameters()) params.push_back(p.detach().to(torch::kCPU, torch::kFloat).clone());
+      for (const auto& [name, p] : trainer.final_parameters()) params.push_back(p.to(torch::kFloat));
       torch::save(params, parameters_path(result_path));
     }
     if (config.parity_dump) {
-      std::vector<std::pair<std::string, torch::Tensor>> final_params;
-      trainer.full_parameters();  // a collective under zero3: every rank takes part
-      for (const auto& item : trainer.model().named_parameters())
-        final_params.emplace_back(item.key(), item.value().detach().to(torch::kCPU).clone());
+      // A collective under zero3 and with masters: every rank takes part.
+      std::vector<std::pair<std::string, torch::Tensor>> final_params = trainer.final_parameters();
       if (const suites::ParityRecord* rec = trainer.parity()) {
         // An SSL cell also carries its objectives on fixed tensors and one SimCLR and one DINO step on
         // fixed views, for the lightly rows.

@@ -7,7 +7,7 @@
 
 #include <unistd.h>
 
-#include "core/datasheet.hpp"
+#include "core/devices.hpp"
 #include "core/stats.hpp"
 #include "suites/models/models.hpp"
 #include "suites/parallel/comm.hpp"
@@ -374,9 +374,9 @@ json memory_bandwidth(const std::string& device) {
            {"median_gbps", st.p50 / 1e9}};
   const std::string name = device_name(device);
   out["device_name"] = name;
-  if (const auto d = datasheet_for(name)) {
-    out["datasheet_gbps"] = d->memory_gbps;
-    out["fraction_of_datasheet"] = best / 1e9 / d->memory_gbps;
+  if (const DeviceFacts* d = find_device(name)) {
+    out["datasheet_gbps"] = d->hbm_bytes_per_s / 1e9;
+    out["fraction_of_datasheet"] = best / d->hbm_bytes_per_s;
   } else {
     out["datasheet_gbps"] = nullptr;
     out["fraction_of_datasheet"] = nullptr;

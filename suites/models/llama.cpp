@@ -20,7 +20,8 @@ namespace {
 
 namespace nn = torch::nn;
 
-torch::Tensor linear(const nn::Linear& layer, const torch::Tensor& x) { return project(x, layer->weight, layer->bias); }
+// Every projection goes through the op-level checkpoint's operator (project() outside one).
+torch::Tensor linear(const nn::Linear& layer, const torch::Tensor& x) { return sac_linear(x, layer->weight, layer->bias); }
 
 nn::Linear no_bias(int64_t in, int64_t out) { return nn::Linear(nn::LinearOptions(in, out).bias(false)); }
 
@@ -133,17 +134,18 @@ class LlamaBlock : public nn::Module {
       torch::Tensor out;
       if (sdpa) {
         if (backend->empty()) *backend = sdpa_backend(query, k_embed, v, true, n_rep > 1);
-        out = at::scaled_dot_product_attention(query, k_embed, v, {}, 0.0, /*is_causal=*/true, scaling,
-                                               /*enable_gqa=*/n_rep > 1);
+        out = sac_attention(query, k_embed, v, /*causal=*/true, scaling, /*enable_gqa=*/n_rep > 1, 0.0, [&] {
+          return at::scaled_dot_product_attention(query, k_embed, v, {}, 0.0, /*is_causal=*/true, scaling, /*enable_gqa=*/n_rep > 1);
+        });
         out = out.reshape({out.size(0), -1, S, v.size(-1)});
       } else {
         *backend = "eager";
         const torch::Tensor key_states = repeat_kv(k_embed, n_rep);
         const torch::Tensor value_states = repeat_kv(v, n_rep);
-        torch::Tensor w = torch::matmul(query, key_states.transpose(2, 3)) * scaling;
+        torch::Tensor w = sac_matmul(query, key_states.transpose(2, 3)) * scaling;
         w = w + mask;
         w = torch::softmax(w, -1, torch::kFloat).to(query.scalar_type());
-        out = torch::matmul(w, value_states);
+        out = sac_matmul(w, value_states);
       }
       return out.transpose(1, 2).contiguous().reshape({B, S, -1}).contiguous();
     };
@@ -220,6 +222,13 @@ class Llama : public DecoderModel {
   }
   double selective_forward_flops() const override {
     return p_.layers * 4.0 * static_cast<double>(p_.heads * p_.head_dim()) * p_.seq_len * p_.seq_len;
+  }
+  // selective-op recomputes the k, o and up projections (the even mm's); attention and q, v, gate and
+  // down are served from the forward.
+  double selective_op_recompute_flops() const override {
+    const double D = static_cast<double>(p_.width), q = static_cast<double>(p_.heads * p_.head_dim());
+    const double kv = static_cast<double>(p_.kv_heads * p_.head_dim()), F = static_cast<double>(p_.ffn);
+    return p_.layers * 2.0 * (D * kv + q * D + D * F) * static_cast<double>(p_.seq_len);
   }
 
  private:

@@ -43,6 +43,7 @@ int64_t count_parameters(const torch::nn::Module& m) {
 double ReferenceModel::recompute_flops_per_sample() const {
   double f = 0;
   const auto blocks = block_forward_flops();
+  if (checkpoint_.kind == CheckpointPolicy::Kind::SelectiveOp) return selective_op_recompute_flops();
   for (size_t i = 0; i < blocks.size(); ++i)
     if (checkpoint_.checkpoints_block(static_cast<int64_t>(i))) f += blocks[i];
   if (checkpoint_.kind == CheckpointPolicy::Kind::Selective) f += selective_forward_flops();
@@ -73,7 +74,8 @@ namespace {
 // C++ nn::Linear runs matmul then `+= bias` for inputs of more than two dimensions, which rounds
 // differently (the parity suite caught it: last-bit differences in every gradient).
 // In fp8 mode (an Fp8Scope), project() runs the GEMM in e4m3 instead.
-torch::Tensor linear(const nn::Linear& layer, const torch::Tensor& x) { return project(x, layer->weight, layer->bias); }
+// Through the op-level checkpoint's operator (suites/techniques/checkpoint.hpp): project() outside one.
+torch::Tensor linear(const nn::Linear& layer, const torch::Tensor& x) { return sac_linear(x, layer->weight, layer->bias); }
 
 // ---- MLP ------------------------------------------------------------------------------------------
 class Mlp : public ReferenceModel {
@@ -375,20 +377,21 @@ torch::Tensor TransformerBlock::forward(const torch::Tensor& x) {
     if (sdpa_) {
       // One fused call: no S x S tensor is kept where the kernel avoids it (flash, memory-efficient).
       if (backend_.empty()) backend_ = sdpa_backend(q, k, v, causal_, false);
-      const double p = is_training() ? dropout_ : 0.0;
-      return at::scaled_dot_product_attention(q, k, v, {}, p, causal_, 1.0 / std::sqrt(static_cast<double>(Dh)))
+      const double p = is_training() ? dropout_ : 0.0, scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+      return sac_attention(q, k, v, causal_, scale, false, p,
+                           [&] { return at::scaled_dot_product_attention(q, k, v, {}, p, causal_, scale); })
           .transpose(1, 2)
           .reshape({B, S, D});
     }
     backend_ = "eager";
-    auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(Dh));
+    auto scores = sac_matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(Dh));
     // The mask lives to the end of the core, as PyTorch's reference keeps it (the activation bytes
     // are compared with it to the byte).
     torch::Tensor causal;
     if (causal_) causal = torch::ones({S, S}, torch::TensorOptions().dtype(torch::kBool).device(packed.device())).triu(1);
     auto att = torch::softmax(causal_ ? scores.masked_fill(causal, -std::numeric_limits<float>::infinity()) : scores, -1);
     att = torch::dropout(att, dropout_, is_training());
-    return torch::matmul(att, v).transpose(1, 2).reshape({B, S, D});
+    return sac_matmul(att, v).transpose(1, 2).reshape({B, S, D});
   };
   const bool recompute_core = policy_.kind == CheckpointPolicy::Kind::Selective && is_training() && torch::GradMode::is_enabled();
   auto y = recompute_core ? checkpoint(core, qkv, {}, policy_.restore_rng, policy_.check) : core(qkv);

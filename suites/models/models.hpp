@@ -3,7 +3,7 @@
 // ModelShape (a preset or dimensions given as data).
 //
 // Each model states its parameter count and its analytic training FLOPs (forward + backward) as
-// DESIGN.md defines them: matmul/conv FLOPs only (2 per multiply-add), times 3 for training; the
+// docs/metrics.md defines them: matmul/conv FLOPs only (2 per multiply-add), times 3 for training; the
 // decoders use core/model_shape.hpp's per-token count on the full-attention convention (torchtitan's),
 // and say the causal one beside it.
 #include <functional>
@@ -75,6 +75,9 @@ class ReferenceModel : public torch::nn::Module {
   // that the recomputation's FLOPs (HFU) are analytic too.
   virtual std::vector<double> block_forward_flops() const = 0;
   virtual double selective_forward_flops() const { return 0; }
+  // Forward FLOPs per sample that selective-op recomputes (its unsaved matmuls): biased linears, attention
+  // and every other unbiased matmul are kept, so a GPT or ViT recomputes none.
+  virtual double selective_op_recompute_flops() const { return 0; }
   double recompute_flops_per_sample() const;
 
   // The modules run_block runs, in order (what zero3 shards as units).
@@ -96,7 +99,7 @@ class ReferenceModel : public torch::nn::Module {
       const CheckpointPolicy policy = checkpoint_;
       body = [&owner, fn, policy](const torch::Tensor& in) {
         const std::vector<torch::Tensor> params = owner.parameters();
-        return checkpoint(fn, in, params, policy.restore_rng, policy.check);
+        return checkpoint(fn, in, params, policy.restore_rng, policy.check, policy.kind == CheckpointPolicy::Kind::SelectiveOp);
       };
     }
     if (training && block_wrapper_) return block_wrapper_(index, body, x);

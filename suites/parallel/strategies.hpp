@@ -1,5 +1,6 @@
 #pragma once
-// Data-parallel strategies (the `parallel` axis) over a Communicator:
+// Data-parallel strategies: how the layout's dp_replicate and dp_shard dimensions (core/layout.hpp)
+// synchronise the model, each over its mesh group (suites/parallel/mesh.hpp):
 //   ddp    torch's C++ DDP engine (c10d::Reducer): bucketed all-reduce overlapping backward, after an
 //          initial broadcast of rank 0's parameters.
 //   zero1  optimizer state sharded: gradients all-reduced, each rank steps its slice of the flat
@@ -22,8 +23,9 @@
 #include <torch/torch.h>
 
 #include "core/hooks.hpp"
-#include "suites/parallel/comm.hpp"
 #include "suites/models/models.hpp"
+#include "suites/parallel/comm.hpp"
+#include "suites/parallel/mesh.hpp"
 
 namespace trainscope::suites {
 
@@ -46,6 +48,9 @@ class ParallelStrategy {
   virtual ModelStateBytes model_state(const torch::optim::Optimizer& opt, int64_t optimizer_words) const;
   // A hash of this rank's full parameters (zero3 gathers them for it).
   virtual uint64_t parameter_fingerprint();
+  // What the optimizer steps, per model parameter and in its order, as full tensors: the parameters
+  // themselves, or the fp32 masters behind bf16 compute copies (gathered: a collective every rank calls).
+  virtual std::vector<torch::Tensor> master_values();
   // The largest |difference| of one parameter value between any two ranks (0: the ranks agree
   // exactly); a collective every rank must call. Outside the step's communication.
   double parameter_spread();
@@ -55,6 +60,8 @@ class ParallelStrategy {
   // The number of ranks one copy of the model state is spread over (zero3: the world; hsdp: a shard
   // group); the N of the ZeRO paper's formulas.
   virtual int64_t sharding_degree() const { return comm_ ? comm_->world_size() : 1; }
+  // What the state is sharded at (core/precision.hpp's expected_model_state): single, ddp, zero1, zero2, zero3.
+  virtual std::string sharding_level() const = 0;
 
  protected:
   explicit ParallelStrategy(Communicator* comm) : comm_(comm) {}
@@ -69,19 +76,22 @@ class ParallelStrategy {
   ReferenceModel* model_ = nullptr;
 };
 
-// The ZeRO paper's per-rank model-state bytes: Ψ parameters, P bytes per parameter and per gradient,
-// K bytes of optimizer state per parameter, N ranks. ddp/single (2P+K)Ψ, zero1 2PΨ + KΨ/N,
-// zero2 PΨ + (P+K)Ψ/N, zero3 (2P+K)Ψ/N; hsdp as zero3 with N the shard group's size. (With fp16 parameters and fp32 masters: P=2, K=12.)
-struct ExpectedModelState {
-  int64_t bytes = 0;
-  std::string formula;
+// How a strategy holds the model's parameters: as they are, or (`master`: bf16-master) as fp32 masters
+// the optimizer steps, cast to `compute` for each forward and backward, their gradients reduced and
+// accumulated in `reduce` (FSDP2's MixedPrecisionPolicy(param_dtype, reduce_dtype)).
+struct ParamPolicy {
+  bool master = false;
+  at::ScalarType compute = at::kBFloat16;
+  at::ScalarType reduce = at::kFloat;
+  // zero3, hsdp: after a block's forward free its gathered parameters ("true"), keep them until its
+  // backward ("false"), or keep a 1/r slice and gather over r ranks in backward ("r"), as FSDP2.
+  std::string reshard_after_forward = "true";
 };
-ExpectedModelState expected_model_state(const std::string& strategy, int64_t psi, int64_t P, int64_t K, int64_t N);
 
-// prefetch (zero3, hsdp): all-gather the next block's parameters while the current block computes.
-// hsdp_shard_size: ranks per shard group (0: the ranks of one node).
-std::unique_ptr<ParallelStrategy> make_strategy(const std::string& name, Communicator* comm, double bucket_mb,
-                                                bool prefetch = true, int64_t hsdp_shard_size = 0);
+// The strategy of the mesh's layout over its dp_replicate and dp_shard groups. prefetch (zero3, hsdp):
+// all-gather the next block's parameters while the current block computes. With masters every layout
+// runs on full sharding's units (ddp as FSDP2's replicate); zero1 and zero2 keep a bf16 copy whole.
+std::unique_ptr<ParallelStrategy> make_strategy(const Mesh& mesh, double bucket_mb, bool prefetch = true, const ParamPolicy& policy = {});
 
 // A 64-bit hash of a tensor's exact bytes, computed on its device, chained onto `seed`; for fingerprints.
 uint64_t fingerprint(const torch::Tensor& t, uint64_t seed = 1469598103934665603ULL);

@@ -1,5 +1,5 @@
 #pragma once
-// How an encoder is judged (DESIGN.md, SSL): kNN and a linear probe on frozen features beside the
+// How an encoder is judged (docs/ssl.md): kNN and a linear probe on frozen features beside the
 // random-encoder and raw-pixel floors, then label efficiency: class-balanced label subsets (fraction x
 // seed, the same subsets in every cell), on which an SSL encoder is probed and fine-tuned, and a
 // supervised cell's architecture is trained from scratch with its accuracy recorded along the way (so

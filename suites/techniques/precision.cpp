@@ -6,38 +6,32 @@
 
 #include <cmath>
 
-#include "core/errors.hpp"
 
 namespace trainscope::suites {
 
-PrecisionMode precision_mode(const std::string& precision, const std::string& device, const std::string& fp16) {
+at::ScalarType scalar_type(const std::string& dtype) {
+  if (dtype == "fp64") return at::kDouble;
+  if (dtype == "bf16") return at::kBFloat16;
+  if (dtype == "fp16") return at::kHalf;
+  if (dtype == "fp8") return at::kFloat8_e4m3fn;
+  return at::kFloat;  // fp32, tf32 (a GEMM mode of fp32 storage)
+}
+
+PrecisionMode precision_mode(const std::string& precision, const std::string& device, const std::string& fp16,
+                             const std::string& reduce) {
+  const PrecisionTraits& t = precision_traits(precision);
   const bool cuda = device.rfind("cuda", 0) == 0;
   PrecisionMode m;
   m.name = precision;
-  if (precision == "32-true" || precision == "tf32") return m;
-  if (precision == "64-true") {
-    m.param_dtype = at::kDouble;
-  } else if (precision == "bf16-mixed") {
-    m.autocast = true;
-    m.autocast_dtype = at::kBFloat16;
-  } else if (precision == "16-mixed" || precision == "16-mixed-noscale") {
-    m.fp16 = true;
-    m.scaler = precision == "16-mixed";
-    // CPU fp16 GEMMs without AVX512-FP16 run ~100x slower than fp32, so by default the CPU computes
-    // in fp32 and rounds through fp16 where fp16 autocast would hold fp16 values; `fp16 = autocast`
-    // runs the real kernels (the emulation is tested against them).
-    m.emulated = !cuda && fp16 != "autocast";
-    m.autocast = !m.emulated;
-    m.autocast_dtype = at::kHalf;
-  } else if (precision == "bf16-true") {
-    m.param_dtype = at::kBFloat16;
-  } else if (precision == "fp8") {
-    m.fp8 = true;
-    m.autocast = true;
-    m.autocast_dtype = at::kBFloat16;
-  } else {
-    throw UsageError("unknown precision '" + precision + "'");
-  }
+  m.param_dtype = scalar_type(t.params);
+  m.master = !t.master.empty();
+  m.reduce_dtype = scalar_type(m.master ? reduce : t.reduce);
+  m.fp16 = t.fp16;
+  m.scaler = t.loss_scaler;
+  m.emulated = fp16_emulated(t, cuda, fp16);
+  m.autocast = !t.autocast.empty() && !m.emulated;
+  if (!t.autocast.empty()) m.autocast_dtype = scalar_type(t.autocast);
+  m.fp8 = t.fp8_linear;
   return m;
 }
 
@@ -95,16 +89,11 @@ struct Fp8Linear : public torch::autograd::Function<Fp8Linear> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
     const auto saved = ctx->get_saved_variables();
-    const torch::Tensor& x2 = saved[0];
     const torch::Tensor& w = saved[1];
-    const torch::Tensor g2 = g[0].reshape({-1, w.size(0)}).to(torch::kBFloat16);
-    const torch::Tensor wb = w.to(torch::kBFloat16);
+    auto grads = fp8_linear_backward(g[0].reshape({-1, w.size(0)}), saved[0], w, ctx->saved_data["has_bias"].toBool());
     auto gx_sizes = g[0].sizes().vec();
     gx_sizes.back() = w.size(1);
-    torch::Tensor gx = torch::mm(g2, wb).view(gx_sizes);
-    torch::Tensor gw = torch::mm(g2.t(), x2).to(w.scalar_type());
-    torch::Tensor gb = ctx->saved_data["has_bias"].toBool() ? g2.sum(0).to(w.scalar_type()) : torch::Tensor();
-    return {gx, gw, gb};
+    return {grads[0].view(gx_sizes), grads[1], grads[2]};
   }
 };
 
@@ -125,6 +114,15 @@ Fp8Scope::Fp8Scope(bool enabled, bool delayed) {
   fp8_state().delayed = delayed;
 }
 Fp8Scope::~Fp8Scope() { fp8_state().enabled = false; }
+
+std::vector<torch::Tensor> fp8_linear_backward(const torch::Tensor& g, const torch::Tensor& x2, const torch::Tensor& w, bool bias) {
+  const torch::Tensor g2 = g.to(torch::kBFloat16), wb = w.to(torch::kBFloat16);
+  return {torch::mm(g2, wb), torch::mm(g2.t(), x2).to(w.scalar_type()), bias ? g2.sum(0).to(w.scalar_type()) : torch::Tensor()};
+}
+
+bool project_runs_fp8(const torch::Tensor& x, const torch::Tensor& w) {
+  return fp8_state().enabled && x.is_cuda() && w.size(0) % 16 == 0 && w.size(1) % 16 == 0;
+}
 
 torch::Tensor project(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
   Fp8State& st = fp8_state();

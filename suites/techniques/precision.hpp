@@ -1,13 +1,6 @@
 #pragma once
-// Precision techniques: what each mode means, fp16 emulation on CPU, and dynamic loss scaling.
-//
-//   32-true           fp32 everywhere, TF32 off
-//   tf32              fp32 storage, TF32 matmuls and convolutions (CUDA, Ampere or newer)
-//   bf16-mixed        fp32 weights, bf16 autocast
-//   16-mixed          fp32 weights, fp16 autocast, dynamic loss scaling (GradScaler semantics)
-//   16-mixed-noscale  the same without the scaler: the classic mistake, kept to show what it does
-//   bf16-true         parameters, activations and optimizer state in bf16
-//   64-true           fp64 everywhere: a reference for the others' rounding, not a training mode
+// Precision techniques: each mode as core/precision.hpp's table defines it, made concrete on a device;
+// fp16 emulation on CPU; fp8 linear layers; dynamic loss scaling.
 //
 // CPU fp16 GEMMs are ~100x slower than fp32 without AVX512-FP16, so on CPU the two 16-mixed modes are
 // emulated by default (`fp16 = autocast` runs the real CPU kernels instead): activations at
@@ -20,13 +13,20 @@
 
 #include <torch/torch.h>
 
+#include "core/precision.hpp"
+
 namespace trainscope::suites {
+
+// A named dtype of core/precision.hpp as LibTorch's scalar type.
+at::ScalarType scalar_type(const std::string& dtype);
 
 struct PrecisionMode {
   std::string name;
   bool autocast = false;
   at::ScalarType autocast_dtype = at::kBFloat16;
-  at::ScalarType param_dtype = at::kFloat;
+  at::ScalarType param_dtype = at::kFloat;   // the parameters the forward pass computes with
+  bool master = false;     // the optimizer steps fp32 masters; the strategy casts them to param_dtype
+  at::ScalarType reduce_dtype = at::kFloat;  // gradients reduced and accumulated in (with masters)
   bool fp16 = false;       // one of the 16-mixed modes
   bool scaler = false;     // dynamic loss scaling
   bool emulated = false;   // fp16 rounded in software (CPU)
@@ -34,8 +34,9 @@ struct PrecisionMode {
 };
 
 // The mode a precision name means on a device ("cpu" or "cuda:i"); fp16 is the `fp16` key (auto,
-// emulated, autocast: how 16-mixed runs on a CPU).
-PrecisionMode precision_mode(const std::string& precision, const std::string& device, const std::string& fp16 = "auto");
+// emulated, autocast: how 16-mixed runs on a CPU); reduce is the `reduce_dtype` key (masters only).
+PrecisionMode precision_mode(const std::string& precision, const std::string& device, const std::string& fp16 = "auto",
+                             const std::string& reduce = "fp32");
 
 // x -> fp16 -> fp32 in forward, and the same for the incoming gradient in backward.
 torch::Tensor round_through_fp16(const torch::Tensor& x);
@@ -54,6 +55,11 @@ class Fp8Scope {
 };
 // x @ w^T + b: in fp8 inside an enabled Fp8Scope, else aten::linear.
 torch::Tensor project(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b);
+// Whether project(x, w, ...) runs in fp8 here (an enabled Fp8Scope, CUDA, dimensions multiples of 16).
+bool project_runs_fp8(const torch::Tensor& x, const torch::Tensor& w);
+// The backward of an fp8 linear: bf16 GEMMs on the incoming gradient, the input `x2` ([rows, K], bf16)
+// and the weight (a straight-through estimator of the quantisation): {dx [rows, K], dw, db}.
+std::vector<torch::Tensor> fp8_linear_backward(const torch::Tensor& g2, const torch::Tensor& x2, const torch::Tensor& w, bool bias);
 // Linear calls that ran in fp8 / stayed in bf16 since the process started (the cell's `fp8` section).
 std::pair<int64_t, int64_t> fp8_layer_counts();
 

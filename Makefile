@@ -5,13 +5,17 @@ CMAKE_FLAGS ?=
 # The virtual environment with the pinned torch wheel (scripts/install-deps.sh makes it).
 TORCH_VENV := $(shell scripts/torch-venv.sh)
 
-.PHONY: run test deps build clean
+.PHONY: run test test-unit deps build clean
 
 run: build
 	$(BUILD)/trainscope run
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j1
+
+# The inner loop: the pieces alone (ctest label unit: a few minutes, docs/development.md#tests).
+test-unit: build
+	cd $(BUILD) && ctest --output-on-failure -j1 -L unit
 
 deps:
 	scripts/install-deps.sh

@@ -10,12 +10,14 @@ TORCH_VENV := $(shell scripts/torch-venv.sh)
 run: build
 	$(BUILD)/trainscope run
 
+# Two at a time: the unit tests are mostly a process's start (loading LibTorch); every test that runs
+# ranks or times a run is RUN_SERIAL (tests/CMakeLists.txt), so it runs alone.
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j1
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 
 # The inner loop: the pieces alone (ctest label unit: a few minutes, docs/development.md#tests).
 test-unit: build
-	cd $(BUILD) && ctest --output-on-failure -j1 -L unit
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -L unit
 
 deps:
 	scripts/install-deps.sh

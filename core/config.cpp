@@ -67,6 +67,10 @@ const std::vector<KeySpec>& config_keys() {
        "zero3, hsdp: free a block's gathered parameters after its forward and gather them again for backward (true), "
        "keep them until backward (false), or keep a 1/r slice and gather over r ranks in backward (an integer r), as FSDP2's "
        "fully_shard"},
+      {"cross_entropy", KeyKind::Choice, {"eager", "fused"}, "eager",
+       "the loss: eager (logits cast to fp32, log_softmax + nll_loss; the fp32 log-probabilities kept for backward) "
+       "or fused (the logits and each row's fp32 log-sum-exp kept, the gradient written once in the logits' dtype: "
+       "what torch.compile makes of torchtitan's loss)"},
       {"fp16", KeyKind::Choice, {"auto", "emulated", "autocast"}, "auto",
        "16-mixed on CPU: emulated (fp16 rounding at block boundaries, fp32 speed) or autocast (real fp16 kernels, "
        "~100x slower without AVX512-FP16); auto: emulated on CPU, real on CUDA"},
@@ -347,6 +351,7 @@ static void for_each_field(Config& c, Visit&& v) {
   v("precision", c.precision);
   v("reduce_dtype", c.reduce_dtype);
   v("reshard_after_forward", c.reshard_after_forward);
+  v("cross_entropy", c.cross_entropy);
   v("fp16", c.fp16);
   v("fp8_scaling", c.fp8_scaling);
   v("parallel", c.parallel);

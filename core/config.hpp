@@ -51,6 +51,7 @@ struct RunConfig {
   std::string precision = "32-true";  // a row of core/precision.hpp's table
   std::string reduce_dtype = "fp32";  // bf16-master: the dtype gradients are reduced and accumulated in
   std::string reshard_after_forward = "true";  // zero3/hsdp: true, false, or a group size (FSDP2's)
+  std::string cross_entropy = "eager";  // eager | fused (ReferenceModel::set_cross_entropy)
   std::string fp16 = "auto";  // 16-mixed on CPU: emulated | autocast (auto: emulated on CPU)
   std::string fp8_scaling = "current";  // fp8: current | delayed (amax history)
   std::string parallel = "single";  // the data-parallel shorthand (core/layout.hpp)

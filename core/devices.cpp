@@ -18,7 +18,13 @@
 namespace trainscope {
 namespace {
 
-constexpr double GB = 1e9, TF = 1e12;
+constexpr double GB = 1e9, TF = 1e12, MiB = 1024.0 * 1024.0;
+
+// Memory is the total the driver reports (what the caching allocator can have), where a source shows
+// it: datasheets round it to "80 GB", and an H100 SXM reports 81,559 MiB (85.5e9 bytes), 7% more.
+// H100 SXM, A100 80/40 GB: nvidia-smi's totals listed in modal-labs/modal-client PR 2797; H200: what
+// trainscope's env recorded on one (tests/data/h200/hardware/report.json); B200: nvidia-smi in
+// NVIDIA/TensorRT-LLM issue 10278. The others: the datasheet's GB (a lower bound).
 
 std::map<std::string, double> peaks(double fp32, double tf32, double bf16, double fp8) {
   std::map<std::string, double> p;
@@ -32,7 +38,7 @@ std::map<std::string, double> peaks(double fp32, double tf32, double bf16, doubl
 std::vector<DeviceFacts> built_in() {
   const char* nvlink4 = "NVLink 4 (900 GB/s both ways)";
   return {
-      {"H100-SXM", {"NVIDIA H100 80GB HBM3"}, "SXM5, 80 GB HBM3, 700 W", 80 * GB, 3350 * GB, peaks(67, 494.5, 989, 1979),
+      {"H100-SXM", {"NVIDIA H100 80GB HBM3"}, "SXM5, 80 GB HBM3, 700 W", 81559 * MiB, 3350 * GB, peaks(67, 494.5, 989, 1979),
        450 * GB, nvlink4, 50 * GB, 700, {{"bf16", 0.803}, {"fp8", 0.709}}, "nvidia.com H100 SXM datasheet, dense"},
       // Meta's H100s, on which torchtitan's published runs were made (Liang et al. 2024, "TorchTitan",
       // arXiv 2410.06511, section 3.1): HBM2e and a lower TDP; "the actual peak TFLOPs should be between
@@ -43,13 +49,13 @@ std::vector<DeviceFacts> built_in() {
        "TorchTitan paper (arXiv 2410.06511) for the part; H100 NVL datasheet's dense peak as its lower bound"},
       {"H100-PCIe", {"NVIDIA H100 PCIe"}, "PCIe, 80 GB HBM2e, 350 W", 80 * GB, 2000 * GB, peaks(51, 378, 756, 1513),
        300 * GB, "NVLink bridge (600 GB/s both ways)", 50 * GB, 350, {}, "nvidia.com H100 PCIe datasheet, dense"},
-      {"H200", {"NVIDIA H200"}, "SXM, 141 GB HBM3e, 700 W", 141 * GB, 4800 * GB, peaks(67, 494.5, 989, 1979), 450 * GB,
+      {"H200", {"NVIDIA H200"}, "SXM, 141 GB HBM3e, 700 W", 150109880320.0, 4800 * GB, peaks(67, 494.5, 989, 1979), 450 * GB,
        nvlink4, 50 * GB, 700, {{"bf16", 0.803}, {"fp8", 0.734}}, "nvidia.com H200 SXM datasheet, dense"},
-      {"A100-80GB", {"NVIDIA A100-SXM4-80GB"}, "SXM4, 80 GB HBM2e, 400 W", 80 * GB, 2039 * GB, peaks(19.5, 156, 312, 0),
+      {"A100-80GB", {"NVIDIA A100-SXM4-80GB"}, "SXM4, 80 GB HBM2e, 400 W", 81920 * MiB, 2039 * GB, peaks(19.5, 156, 312, 0),
        300 * GB, "NVLink 3 (600 GB/s both ways)", 25 * GB, 400, {{"bf16", 0.869}}, "nvidia.com A100 datasheet, dense"},
-      {"A100-40GB", {"NVIDIA A100-SXM4-40GB"}, "SXM4, 40 GB HBM2, 400 W", 40 * GB, 1555 * GB, peaks(19.5, 156, 312, 0),
+      {"A100-40GB", {"NVIDIA A100-SXM4-40GB"}, "SXM4, 40 GB HBM2, 400 W", 40960 * MiB, 1555 * GB, peaks(19.5, 156, 312, 0),
        300 * GB, "NVLink 3 (600 GB/s both ways)", 25 * GB, 400, {{"bf16", 0.869}}, "nvidia.com A100 datasheet, dense"},
-      {"B200", {"NVIDIA B200"}, "HGX B200, 180 GB HBM3e, 1000 W", 180 * GB, 8000 * GB, peaks(0, 1100, 2250, 4500), 900 * GB,
+      {"B200", {"NVIDIA B200"}, "HGX B200, 180 GB HBM3e, 1000 W", 183359 * MiB, 8000 * GB, peaks(0, 1100, 2250, 4500), 900 * GB,
        "NVLink 5 (1.8 TB/s both ways)", 50 * GB, 1000, {}, "nvidia.com HGX B200 datasheet, dense, per GPU"},
       {"MI300X", {"AMD Instinct MI300X"}, "OAM, 192 GB HBM3, 750 W", 192 * GB, 5300 * GB, peaks(163.4, 653.7, 1307.4, 2614.9),
        448 * GB, "Infinity Fabric (896 GB/s both ways)", 50 * GB, 750, {{"bf16", 0.514}}, "amd.com MI300X datasheet, dense"},

@@ -17,7 +17,7 @@ struct DeviceFacts {
   std::string key;                        // the name `plan --device` takes ("H100-SXM")
   std::vector<std::string> driver_names;  // the names the driver reports, matched exactly
   std::string variant;                    // what tells this part from its siblings
-  double memory_bytes = 0;                // HBM capacity (1e9 bytes per GB, as the datasheets count)
+  double memory_bytes = 0;                // the total the driver reports, else the datasheet's GB x 1e9
   double hbm_bytes_per_s = 0;
   std::map<std::string, double> peak_flops;  // dtype -> dense peak, FLOP/s
   double link_bytes_per_s = 0;               // within a node (NVLink, Infinity Fabric), per direction

@@ -59,4 +59,8 @@ double decoder_flops_per_token(const ModelShape& s, FlopConvention c);
 // model_shape.cpp for the measurement behind it.
 std::string resolve_attention(const std::string& requested, const std::string& device, int64_t seq_len);
 
+// cross_entropy = fused converts the logits to fp32 this many at a time (whole rows; 64 MiB in fp32), so
+// its scratch stays bounded whatever the vocabulary and batch (the model's loss and the planner's replay).
+inline constexpr int64_t kFusedLossChunkElements = int64_t{1} << 24;
+
 }  // namespace trainscope

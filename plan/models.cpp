@@ -158,9 +158,22 @@ struct Net {
   // ReferenceModel::loss: logits to fp32 at least, cross_entropy = log_softmax (saves its output) +
   // nll_loss; the logits die when loss() returns.
   T loss(const T& logits, int64_t rows, int64_t classes) {
+    if (r.cross_entropy == "fused") return fused_loss(logits, rows, classes);
     const T l32 = cast(logits, std::max(4, logits.elem));
     const T logp = t.op({&l32}, rows * classes, l32.elem, {}, true, 0, act(OpKind::Softmax, l32));
     return t.op({&logp}, 1, 4, {}, false, 0, ew(logp.bytes()));
+  }
+  // FusedCrossEntropy: saves the logits and each row's fp32 log-sum-exp; forward and backward convert a
+  // chunk of rows at a time (an fp32 copy unless already fp32, and the shifted exponentials), and backward
+  // writes the logits' gradient in their dtype (the node's input gradient).
+  T fused_loss(const T& logits, int64_t rows, int64_t classes) {
+    const int64_t chunk = std::min(rows, std::max<int64_t>(1, kFusedLossChunkElements / classes));
+    const int64_t scratch = chunk * classes * 4 * (logits.elem == 4 ? 1 : 2) + chunk * 4;  // + the row maxima
+    const int64_t picked = rows * (logits.elem + 4 + 4);  // gather, its fp32 copy, lse - picked
+    OpCost cost = act(OpKind::Softmax, logits);
+    cost.bytes = logits.bytes();  // one read of the logits
+    // The log-sum-exp (rows x 4, saved) is live under the forward's scratch.
+    return t.op({&logits}, 1, 4, {&logits}, false, rows * 4, cost, rows * 4 + std::max(scratch, picked), scratch);
   }
 };
 

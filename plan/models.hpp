@@ -34,6 +34,7 @@ struct Replay {
   int64_t batch = 1;
   int64_t channels = 1, height = 28, width = 28, classes = 10;  // image data
   std::string checkpoint = "none";                                // none | full | every:k | selective
+  std::string cross_entropy = "eager";                            // eager | fused (ReferenceModel::loss)
   Numerics num;
   bool cuda = false;
   // Bytes a GEMM allocates beyond its product by its inner dimension, per element size (2: bf16/fp16,

@@ -26,6 +26,12 @@ double gemm_flops(const std::vector<OpCost>& costs) {
 // predictions are not better than a few percent, so a 1% difference is no reason to pick another.
 constexpr double kEqualSpeed = 0.99;
 
+// A setting `--set` fixed that is not searched (reduce_dtype, reshard_after_forward, cross_entropy), or its default.
+std::string setting(const PlanRequest& r, const std::string& key, const std::string& fallback) {
+  const auto f = r.fixed.find(key);
+  return f == r.fixed.end() ? fallback : f->second;
+}
+
 // Checkpoint policies in the order teams reach for them at equal speed: op-level selective (torchtitan's
 // default) before attention-only selective, before every-k and full recomputation.
 int checkpoint_preference(const std::string& p) {
@@ -132,15 +138,18 @@ void evaluate(const Context& x, const LayoutChoice& lc, json& cand) {
   s.replay.model.dropout = 0;
   s.replay.batch = b;
   s.replay.checkpoint = cand["checkpoint"];
-  s.replay.num = numerics_of(cand["precision"], d.gpu);
+  s.replay.cross_entropy = setting(r, "cross_entropy", "eager");
+  s.replay.num = numerics_of(cand["precision"], d.gpu, setting(r, "reduce_dtype", "fp32"));
   s.replay.cuda = d.gpu;
   s.layout = lc.layout;
+  s.reshard_after_forward = setting(r, "reshard_after_forward", "true");
   s.resident_data_bytes = 0;
   const MemoryPrediction mp = predict_memory(s);
   const double peak = static_cast<double>(mp.peak);
   json mem = mp.to_json();
   for (const char* k : {"phase_peak_bytes", "baseline_bytes", "data_bytes"}) mem.erase(k);
   mem["peak_transient_bytes"] = std::max(0.0, peak - static_cast<double>(mp.state.total()) - static_cast<double>(mp.activations));
+  if (d.gpu) mem["reserved_peak_bytes"] = static_cast<int64_t>(kReservedOverAllocated * peak);
   cand["memory"] = mem;
   cand["fits"] = peak <= x.usable;
   if (peak > x.usable) {

@@ -10,7 +10,6 @@ namespace trainscope::plan {
 
 namespace {
 
-int64_t padded(int64_t numel, int64_t world) { return (numel + world - 1) / world * world; }
 
 std::string text_directory() {
   const char* env = std::getenv("TRAINSCOPE_TEXT_DIR");
@@ -50,6 +49,7 @@ StepSetup step_setup(const RunConfig& c, bool cuda) {
   s.replay.model.attention = resolve_attention(c.attention, cuda ? "cuda" : "cpu", s.replay.model.seq_len);
   s.replay.batch = c.batch_size;
   s.replay.checkpoint = c.checkpoint;
+  s.replay.cross_entropy = c.cross_entropy;
   s.replay.num = numerics_of(c.precision, cuda, c.reduce_dtype);
   s.replay.cuda = cuda;
   s.layout = resolve_layout(c);
@@ -281,13 +281,15 @@ void StepReplay::backward(bool record) {
   scaled = T();
   if (record) out_.recompute_costs = t_.recompute_costs;
   if (r_.num.master && (st == "zero1" || st == "zero2")) {
-    // MasterZero12::reduce_gradients: zero2 converts into a reduce_dtype copy (zero1 into its buffer),
-    // frees the bf16 gradients, reduce-scatters into a slice that is copied into the fp32 gradient.
+    // MasterZero12::reduce_gradients: zero2 converts into a reduce_dtype copy (in place when the
+    // gradients already are in it; zero1 into its buffer), frees the bf16 gradients, reduce-scatters
+    // into a slice that is copied into the fp32 gradient.
     const int64_t flat = flat_grad_.numel;
-    if (st == "zero2") t_.alloc(flat * r_.num.reduce);
-    t_.release(flat_grad_.bytes());
+    const bool in_place = st == "zero2" && r_.num.reduce == pe_;
+    if (st == "zero2" && !in_place) t_.alloc(flat * r_.num.reduce);
+    if (!in_place) t_.release(flat_grad_.bytes());
     t_.transient(opt_numel_ * r_.num.reduce);
-    if (st == "zero2") t_.release(flat * r_.num.reduce);
+    t_.release(in_place ? flat_grad_.bytes() : st == "zero2" ? flat * r_.num.reduce : 0);
   } else if (st == "zero2") {  // the shard's gradient copied from the flat buffer, which is released
     t_.release(flat_grad_.bytes());
   }

@@ -215,10 +215,14 @@ json rederive_report(json report, const json& hardware) {
     const PrecisionTraits& t = precision_traits(cfg.precision);
     const std::string dtype = compute_dtype(t, cuda, cfg.fp16);
     json& tm = *timing;
-    if (!tm.contains("gemm_peaks_flops_per_s")) {  // before the raw fields: the peak it measured, in the dtype it named
+    if (!tm.contains("gemm_peaks_flops_per_s")) {
+      // Before the raw fields: the peak it measured, in the dtype it names (reports before that field
+      // measured bf16 for bf16-mixed, fp8, tf32 and fp64 for their modes, else fp32).
       tm["gemm_peaks_flops_per_s"] = json::object();
-      if (tm.value("peak_flops_per_s", json()).is_number() && tm.contains("compute_dtype"))
-        tm["gemm_peaks_flops_per_s"][tm["compute_dtype"].get<std::string>()] = tm["peak_flops_per_s"];
+      const std::string p = cfg.precision;
+      const std::string measured_dtype = tm.value("compute_dtype", p == "bf16-mixed" ? "bf16" : p == "fp8" ? "fp8" : p == "tf32" ? "tf32"
+                                                                      : p == "64-true"  ? "fp64" : "fp32");
+      if (tm.value("peak_flops_per_s", json()).is_number()) tm["gemm_peaks_flops_per_s"][measured_dtype] = tm["peak_flops_per_s"];
     }
     if (!tm.contains("attention_flops_per_sample")) tm["attention_flops_per_sample"] = attention_flops(c);
     std::vector<std::string> needed = {dtype};

@@ -92,8 +92,31 @@ double number_at(const json& j, std::initializer_list<const char*> path);
 // The value at `path` inside `j`, or null when a key is missing.
 json value_at(const json& j, std::initializer_list<const char*> path);
 
-// Rules over the report, each citing the numbers it rests on.
+// Rules over the report, each citing the numbers it rests on: recommendation_rules() walked in order,
+// their findings in one array ({"id", "severity", "text", "evidence", "cells"} each).
 json recommend(const json& report);
+
+// What a recommendation rule walks: the report once, each cell, each group of cells that differ only
+// in their checkpointing policy ([{"name", "config", "checkpointing"}], in the order of their
+// configurations), or each model of the memory frontier ({"model": label, "entries": [...]}).
+enum class RuleScope { report, cell, checkpoint_group, frontier_model };
+
+// One recommendation rule. `id`: the id its findings carry; a part in angle brackets stands for what a
+// finding names there ("rng.<stream>": "rng.augmentation"). `when`: the condition it speaks on, and
+// `evidence`: the measured fields it cites, in words. `apply` appends its findings on one subject of its
+// scope (the report itself for RuleScope::report). Rules next to each other with the same non-empty
+// `pass` (and scope) take each subject through all of them in turn, so that one subject's findings stay
+// together (a cell's three parallel findings, then the next cell's).
+struct Rule {
+  std::string id;
+  std::string when;
+  std::string evidence;
+  RuleScope scope = RuleScope::report;
+  std::string pass;
+  void (*apply)(const json& report, const json& subject, json& out) = nullptr;
+};
+// Every rule, in the order recommend() walks them.
+const std::vector<Rule>& recommendation_rules();
 
 // The comm probe's rows (op, bytes, count, time_s, algbw_gbps, busbw_gbps) reduced to each op's row at
 // its largest size, by op name: where busbw comes nearest the link.

@@ -4,7 +4,8 @@
 #   versions and `trainscope env`; the quick suite on cuda; the precision suite's GPU cells (tf32,
 #   bf16-mixed, real 16-mixed); a checkpointing pair with the caching allocator's statistics; NCCL
 #   with one rank (and the parallel suite over NCCL with two GPUs or more); `trainscope peak`, the
-#   hardware suite, a cell with the CUPTI timeline, and llama3-1b in bf16 on SDPA and eager attention.
+#   hardware suite, a cell with the CUPTI timeline, llama3-1b in bf16 on SDPA and eager attention, and
+#   llama3-1b in bf16-master beside bf16-mixed, with and without selective-op checkpointing.
 # Every output goes under one folder, OUT (default results/gpu-check-<UTC time>), with summary.txt
 # listing each step's exit code and time. A failing step is recorded and the next one runs.
 #
@@ -135,9 +136,30 @@ time_budget_s = 60
 attention = ["sdpa", "eager"]
 EOF
 step llama "$ts" run --suite "$OUT/llama.toml" --device cuda --out "$OUT/llama"
+# The way large models are trained: bf16 weights cast from fp32 masters (FSDP2's MixedPrecisionPolicy)
+# beside autocast over fp32 weights, without and with torchtitan's op-level selective checkpointing.
+cat > "$OUT/master.toml" <<'EOF'
+name = "gpu-master"
+description = "llama3-1b on SDPA, seq 2048: bf16-mixed against bf16-master, none and selective-op"
+[base]
+model = "llama3-1b"
+seq_len = 2048
+data = "synthetic-tokens"
+attention = "sdpa"
+batch_size = 2
+warmup_steps = 3
+steps = 10
+eval = false
+overflow_every = 0
+time_budget_s = 60
+[axes]
+precision = ["bf16-mixed", "bf16-master"]
+checkpoint = ["none", "selective-op"]
+EOF
+step master "$ts" run --suite "$OUT/master.toml" --device cuda --out "$OUT/master"
 # The planner beside the measurements it was not fitted to: every cell predicted from its configuration
 # and this GPU's hardware report (gpt-125m: the hardware suite's sustained cell; llama3-1b; gpt-small).
-for r in llama hardware checkpointing; do
+for r in llama master hardware checkpointing; do
   step "plan-$r" "$ts" plan --check "$OUT/$r" --hardware "$OUT/hardware"
 done
 if [ "${gpus:-0}" -ge 2 ]; then

@@ -190,6 +190,7 @@ Trainer::Trainer(const RunConfig& config, const std::string& device, Communicato
   CheckpointPolicy policy = CheckpointPolicy::parse(config.checkpoint);
   policy.check = config.checkpoint_check;
   model_->set_checkpoint(policy);
+  model_->set_cross_entropy(config.cross_entropy);
   model_->set_boundary([this](const std::string& block, torch::Tensor x) { return boundary(block, std::move(x)); });
   const ParallelLayout layout = resolve_layout(config);
   mesh_ = std::make_unique<Mesh>(layout.world() > 1 || layout.shard_by_host ? comm : nullptr, layout);

@@ -164,14 +164,14 @@ TEST(Config, BuiltinSuitesParse) {
   ASSERT_EQ(quick.size(), 4u);
   const auto precision = expand(load_suite("precision"));
   const auto ckpt = expand(load_suite("checkpointing"));
-  ASSERT_EQ(ckpt.size(), 16u);  // 2 models x 4 policies x 2 batch sizes
+  ASSERT_EQ(ckpt.size(), 20u);  // 2 models x 5 policies x 2 batch sizes
   EXPECT_EQ(ckpt[2].name, "gpt-tiny/ckpt-full/bs16");
   EXPECT_EQ(load_suite("checkpointing").frontier["budget"], "64MiB");
   const Suite pitfalls = load_suite("pitfalls");
   ASSERT_EQ(pitfalls.pitfalls.size(), 4u);  // one of each kind, in the order
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(pitfalls.pitfalls[i]["kind"], pitfall_kinds()[i]);
-  ASSERT_EQ(precision.size(), 17u);  // 2 models x 7 modes + 3 stress cells
-  EXPECT_EQ(precision[4].name, "mlp/16-mixed-noscale");
+  ASSERT_EQ(precision.size(), 19u);  // 2 models x 8 modes + 3 stress cells
+  EXPECT_EQ(precision[5].name, "mlp/16-mixed-noscale");
   EXPECT_EQ(quick[0].name, "mlp/32-true");
   EXPECT_EQ(quick[3].name, "gpt-tiny/bf16-mixed");
 }

@@ -13,6 +13,8 @@
 
 #include "core/compat.hpp"
 #include "core/errors.hpp"
+#include "core/model_shape.hpp"
+#include "probes/step/memory.hpp"
 #include "suites/models/data.hpp"
 #include "suites/train.hpp"
 
@@ -288,6 +290,62 @@ TEST(Precision, AutocastGuardClearsTheCastCacheEachStep) {
   EXPECT_TRUE(torch::allclose(after.to(torch::kFloat), expected.to(torch::kFloat), 1e-2, 1e-2));
   EXPECT_FALSE(torch::allclose(after.to(torch::kFloat), before.to(torch::kFloat), 1e-2, 1e-2));
   EXPECT_FALSE(compat::autocast_enabled(torch::kCPU));  // state restored
+}
+
+// cross_entropy = fused against the eager loss, over three chunks of rows (V = 2^16: 256 rows per chunk,
+// 520 rows). Tolerances from the arithmetic: both reduce exp over a row in fp32 by cascade summation,
+// so each log-sum-exp is within log2(V) eps = 16 x 2^-24 ~ 1e-6 of exact, and the losses (means of
+// them) differ by at most twice that, plus the rounding of the mean (~eps relative); the gradient
+// (softmax - one_hot) g / N inherits exp(x - lse)'s relative error, |grad| <= g / N (below). In bf16
+// the gradient is that fp32 value rounded to bf16 by both (eager: the cast's backward): equal, or
+// one bf16 ulp (2^-7 of its binade) apart where the fp32 values straddle a rounding boundary.
+TEST(Loss, FusedCrossEntropyIsTheEagerLossInBoundedScratch) {
+  probes::AccountingAllocator::install();
+  const int64_t N = 520, V = int64_t{1} << 16;
+  ASSERT_EQ(kFusedLossChunkElements / V, 256);  // three chunks: 256, 256, 8
+  torch::manual_seed(0);
+  const torch::Tensor x32 = torch::randn({N, V}) * 3, target = torch::randint(V, {N});
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const torch::Tensor base = x32.to(dtype);
+    const double g = 3.0, eps = std::ldexp(1.0, -24), lse_error = 16 * eps;
+    auto run = [&](const std::string& how, int64_t& kept, int64_t& forward_rise, int64_t& backward_rise) {
+      const torch::Tensor logits = base.detach().clone().requires_grad_(true);
+      const int64_t before = probes::AccountingAllocator::current();
+      probes::AccountingAllocator::reset_peak();
+      torch::Tensor loss = cross_entropy(logits, target, how);
+      forward_rise = probes::AccountingAllocator::peak() - before;
+      kept = probes::AccountingAllocator::current() - before;
+      const int64_t mid = probes::AccountingAllocator::current();
+      probes::AccountingAllocator::reset_peak();
+      (loss * g).backward();
+      backward_rise = probes::AccountingAllocator::peak() - mid;
+      return std::make_pair(loss.detach(), logits.grad());
+    };
+    int64_t kept_e = 0, fwd_e = 0, bwd_e = 0, kept_f = 0, fwd_f = 0, bwd_f = 0;
+    const auto [loss_e, grad_e] = run("eager", kept_e, fwd_e, bwd_e);
+    const auto [loss_f, grad_f] = run("fused", kept_f, fwd_f, bwd_f);
+    const double le = loss_e.item<double>();
+    EXPECT_NEAR(loss_f.item<double>(), le, 2 * lse_error + 4 * eps * le);
+    EXPECT_EQ(grad_f.scalar_type(), dtype);
+    const torch::Tensor diff = (grad_f.to(torch::kFloat) - grad_e.to(torch::kFloat)).abs();
+    // exp's argument x - lse is formed in up to three fp32 roundings of values below M = max|x| + max lse
+    // by each: its difference, and so p's relative one, is at most 6 eps M plus the two sums' errors.
+    const double M = base.abs().max().item<double>() + base.to(torch::kFloat).logsumexp(1).max().item<double>();
+    const double bound = dtype == torch::kFloat ? (6 * eps * M + 2 * lse_error + 2 * eps) * g / N : std::ldexp(1.0, -7) * g / N;
+    EXPECT_LE(diff.max().item<double>(), bound);
+    EXPECT_GT(grad_f.abs().sum().item<double>(), 0.0);
+    // What each keeps for backward beyond its inputs: the fp32 log-probabilities (eager), the fp32
+    // log-sum-exp per row (fused; the loss itself 4 bytes more).
+    EXPECT_GE(kept_e, N * V * 4);
+    EXPECT_LE(kept_f, N * 4 + 64);
+    // Fused scratch is a chunk's, whatever N x V: an fp32 copy (bf16 only) and the shifted exponentials,
+    // and a column of the chunk's rows (forward: the row maxima; backward: the -1s of the one-hot).
+    const int64_t chunk = 256 * V * 4 * (dtype == torch::kFloat ? 1 : 2) + 256 * 4;
+    EXPECT_LE(fwd_f, chunk + N * 16 + 1024);
+    EXPECT_LE(bwd_f, N * V * static_cast<int64_t>(base.element_size()) + chunk + 1024);
+    EXPECT_GT(fwd_e, N * V * 4);
+  }
 }
 
 class LossFalls : public ::testing::TestWithParam<std::tuple<std::string, std::string, std::string>> {};

@@ -1,5 +1,6 @@
 // The report: atomic write and strict read, summary table, recommendations, the self-supervised summary.
 #include <algorithm>
+#include <dirent.h>
 #include <cmath>
 #include <fstream>
 #include <iterator>
@@ -11,10 +12,13 @@
 
 #include "test_paths.hpp"
 
+#include "core/devices.hpp"
 #include "core/errors.hpp"
+#include "core/precision.hpp"
 #include "core/units.hpp"
 #include "reports/render/render.hpp"
 #include "reports/report.hpp"
+#include "report_fixtures.hpp"
 
 using namespace trainscope;
 using namespace trainscope::reports;
@@ -30,25 +34,10 @@ std::string tmp(const std::string& name) {
 }
 
 json cell(const std::string& model, const std::string& precision, double p50, double loss, double acc) {
-  json config = RunConfig{}.to_json();
-  config["model"] = model;
-  config["precision"] = precision;
-  return json{{"name", model + "/" + precision},
-              {"config", config},
-              {"status", "ok"},
-              {"reason", ""},
-              {"emulated", false},
-              {"metrics",
-               {{"timing", {{"step_time_s", {{"p50", p50}}}, {"samples_per_s", 64 / p50}, {"tokens_per_s", nullptr}}},
-                {"memory", {{"peak_bytes", 1 << 20}}},
-                {"quality", {{"final_loss", loss}, {"accuracy", acc}}}}}};
+  return test::hand_cell(model, precision, p50, loss, acc);
 }
 
-json env_with_blas(bool reference) {
-  return json{{"blas", {{"name", reference ? "reference BLAS (netlib)" : "OpenBLAS (openmp)"},
-                        {"path", "/usr/lib/x/libblas.so.3"},
-                        {"reference", reference}}}};
-}
+json env_with_blas(bool reference) { return test::blas_env(reference); }
 
 }  // namespace
 
@@ -209,14 +198,7 @@ TEST(Recommendations, CheckpointingTradeoffAndLeaveOff) {
 // fastest on these links, each strategy's time per level and the level it waits on most.
 TEST(Recommendations, HsdpAgainstZero3AndDdpAcrossNodes) {
   auto across = [](const std::string& strategy, double p50, json levels) {
-    json c = cell("gpt-tiny", "32-true", p50, 1.0, 0.5);
-    c["config"]["parallel"] = strategy;
-    c["config"]["world_size"] = 4;
-    c["name"] = "gpt-tiny/" + strategy + "/ws4";
-    c["nodes"] = json::array({{{"node", 0}, {"host", "node0"}, {"ranks", {0, 1}}}, {{"node", 1}, {"host", "node1"}, {"ranks", {2, 3}}}});
-    c["metrics"]["comm"] = {{"collectives", json::array()}, {"comm_time_s", 0.05}, {"exposed_comm_time_s", 0.05},
-                            {"overlap", 0.0}, {"levels", levels}};
-    return c;
+    return test::across_nodes(cell("gpt-tiny", "32-true", p50, 1.0, 0.5), strategy, std::move(levels));
   };
   auto level = [](double s) { return json{{"comm_time_s", s}, {"exposed_comm_time_s", s}}; };
   const json hsdp = across("hsdp", 0.040, {{"intra-node", {{"comm_time_s", 0.030}, {"exposed_comm_time_s", 0.025}}},
@@ -241,19 +223,7 @@ TEST(Recommendations, HsdpAgainstZero3AndDdpAcrossNodes) {
 
 TEST(Recommendations, ParallelCellsAgainstOneProcessDdpAndTheLink) {
   auto rank_cell = [](const std::string& strategy, int world, double p50, double state, double exposed) {
-    json c = cell("gpt-tiny", "32-true", p50, 1.0, 0.5);
-    c["config"]["parallel"] = strategy;
-    c["config"]["world_size"] = world;
-    c["name"] = "gpt-tiny/" + strategy + "/ws" + std::to_string(world);
-    c["backend"] = "nccl";
-    c["metrics"]["timing"]["samples_per_s"] = world * 64 / p50;
-    c["metrics"]["memory"]["model_state_total_bytes"] = state;
-    c["metrics"]["memory"]["expected_model_state_bytes"] = state;
-    c["metrics"]["comm"] = {{"collectives", json::array({{{"op", "all-reduce"}, {"bytes", 64 << 20}, {"count", 10},
-                                                          {"time_s", 0.01}, {"algbw_gbps", 6.7}, {"busbw_gbps", 360.0}}})},
-                            {"comm_time_s", 0.05}, {"exposed_comm_time_s", exposed * p50}, {"overlap", 0.2},
-                            {"exposed_fraction_of_step", exposed}};
-    return c;
+    return test::rank_cell(strategy, world, p50, state, exposed, 360.0);
   };
   json env = env_with_blas(false);
   env["gpus"] = json::array({{{"name", "NVIDIA H200"}}, {{"name", "NVIDIA H200"}}});
@@ -819,4 +789,79 @@ TEST(Pitfalls, AMissingCellIsNamedAndTheSectionRenders) {
   EXPECT_NE(md.find("### 1. t-rng (not reproduced)"), std::string::npos) << md;
   EXPECT_NE(render_html(r).find("1. t-rng (not reproduced)"), std::string::npos);
   EXPECT_TRUE(make_report(env_with_blas(false), json{{"name", "x"}}, {clean}).count("pitfalls") == 0);
+}
+
+// ---- the committed reports, derived again ------------------------------------------------------------
+
+namespace {
+
+// Every committed report under tests/data.
+std::vector<std::string> committed_reports(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = opendir(dir.c_str());
+  if (!d) return out;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    const std::string path = dir + "/" + name;
+    if (e->d_type == DT_DIR) {
+      for (const auto& p : committed_reports(path)) out.push_back(p);
+    } else if (name.size() > 5 && name.substr(name.size() - 5) == ".json") {
+      std::ifstream in(path);
+      const json j = json::parse(in, nullptr, false);
+      if (j.is_object() && j.value("schema", "") == kSchema) out.push_back(path);
+    }
+  }
+  closedir(d);
+  return out;
+}
+
+}  // namespace
+
+// Every committed report's MFU follows from its raw measurements and core/precision.hpp's table, by
+// hand here: FLOP/s = samples/s x FLOPs per sample, over the peak of the dtype the cell's GEMMs ran in
+// (measured; the datasheet's beside it) times the ranks. A report left behind when a definition
+// changes fails here until `trainscope report DIR --rederive` derives it again.
+TEST(Report, CommittedReportsMfuFollowsFromTheirRawFieldsAndTheTable) {
+  const auto reports = committed_reports(std::string(trainscope::test::kSourceDir) + "/tests/data");
+  ASSERT_GE(reports.size(), 5u);
+  int cells = 0;
+  for (const auto& path : reports) {
+    const json r = read_report(path);
+    const json gpus = value_at(r, {"env", "gpus"});
+    const std::string gpu = gpus.is_array() && !gpus.empty() ? gpus[0].value("name", "") : "";
+    for (const auto& c : r["cells"]) {
+      const json t = value_at(c, {"metrics", "timing"});
+      if (!t.is_object()) continue;
+      ++cells;
+      const std::string where = path + ": " + c["name"].get<std::string>();
+      ASSERT_TRUE(t.contains("gemm_peaks_flops_per_s")) << where << ": not derived again (trainscope report --rederive)";
+      const PrecisionTraits& traits = precision_traits(c["config"]["precision"]);
+      const bool cuda = c.value("device", "cpu").rfind("cuda", 0) == 0;
+      const std::string dtype = fp16_emulated(traits, cuda, c["config"].value("fp16", "auto")) ? "fp32" : traits.gemm;
+      EXPECT_EQ(t["compute_dtype"], dtype) << where;
+      const double flops = t["samples_per_s"].get<double>() * t["flops_per_sample"].get<double>();
+      const double world = c["config"].value("world_size", 1);
+      EXPECT_NEAR(t["flops_per_s"].get<double>(), flops, 1e-9 * flops) << where;
+      const json measured = t["gemm_peaks_flops_per_s"].value(dtype, json());
+      if (traits.fp8_linear) continue;  // none committed; the fp8 convention is tested in test_config_suite
+      if (measured.is_number()) EXPECT_NEAR(t["mfu"].get<double>(), flops / (measured.get<double>() * world), 1e-12) << where;
+      else EXPECT_TRUE(t["mfu"].is_null()) << where;
+      const DeviceFacts* device = cuda ? find_device(gpu) : nullptr;
+      if (device && device->peak_flops.count(dtype))
+        EXPECT_NEAR(t["mfu_datasheet"].get<double>(), flops / (device->peak_flops.at(dtype) * world), 1e-12) << where;
+      else
+        EXPECT_TRUE(t["mfu_datasheet"].is_null()) << where;
+    }
+  }
+  EXPECT_GE(cells, 15);
+  // The H200's fp16 cell: its GEMMs ran on fp16 tensor cores (989 TFLOPS dense), not at fp32's 67.
+  const json v = read_report(std::string(trainscope::test::kSourceDir) + "/tests/data/h200/validate/report.json");
+  for (const auto& c : v["cells"])
+    if (c["name"] == "gptsmall-b32-full-16mixed") {
+      const json& t = c["metrics"]["timing"];
+      EXPECT_EQ(t["compute_dtype"], "fp16");
+      EXPECT_NEAR(t["mfu_datasheet"].get<double>(), t["flops_per_s"].get<double>() / 989e12, 1e-12);
+      EXPECT_LT(t["mfu_datasheet"].get<double>(), 0.01);
+    }
 }

@@ -111,7 +111,8 @@ int plan_command(const PlanArgs& a) {
     return 0;
   }
   // The model: a preset (or a family) with dimension keys, as the suites take them.
-  static const std::set<std::string> axes = {"precision", "parallel", "checkpoint", "attention", "batch_size"};
+  static const std::set<std::string> axes = {"precision", "parallel", "checkpoint", "attention", "batch_size", "reduce_dtype",
+                                              "reshard_after_forward", "cross_entropy"};
   json cfg = {{"model", a.model}};
   plan::PlanRequest r;
   for (const auto& [k, v] : a.sets) {

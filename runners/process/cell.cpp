@@ -360,6 +360,194 @@ static json ssl_section(suites::Trainer& trainer, const RunConfig& config, const
   return ssl;
 }
 
+namespace {
+
+// The hardware itself (`kind` other than train): one measurement, no training loop.
+json hardware_cell(const std::string& name, const RunConfig& config, const std::string& device, int threads, Hooks& hooks,
+                   suites::Communicator* comm, const CellRank& rk) {
+  json cell = cell_without_metrics(name, config.to_json(), device, "ok", "");
+  cell["threads"] = threads;
+  cell["device_name"] = device_name(device);
+  json metrics;
+  if (config.kind == "gemm-peak") {
+    metrics["hardware"]["gemm"] = json::array();
+#ifdef TRAINSCOPE_TORCH_CUDA
+    if (device != "cpu") metrics["hardware"]["gemm_workspace_bytes"] = cuda_gemm_workspace(device);
+#endif
+    for (const auto& dtype : suites::peak_dtypes(device)) {
+      json g = suites::gemm_peak(device, dtype, config.thorough);
+      if (!g.contains("skipped") && device == "cpu") g["workspace"] = gemm_workspace(dtype);
+      metrics["hardware"]["gemm"].push_back(g);
+    }
+    if (device == "cpu") {
+      metrics["hardware"]["conv_workspace"] = conv_workspace();
+      metrics["hardware"]["batch_norm_workspace"] = batch_norm_workspace();
+    }
+  } else if (config.kind == "memory-bandwidth") {
+    metrics["hardware"]["memory"] = suites::memory_bandwidth(device);
+  } else if (config.kind == "copy-bandwidth") {
+    metrics["hardware"]["copy"] = suites::copy_bandwidth(device);
+  } else {  // collectives: world_size >= 2, so the communicator and its probe exist
+    RunInfo info;
+    info.config = &config;
+    info.device = device;
+    info.rank = rk.rank;
+    info.world_size = rk.world;
+    info.collectives = comm->implementation();
+    hooks.run_begin(info);
+    const json levels = suites::collectives_sweep(*comm, device, static_cast<int>(config.warmup_steps), static_cast<int>(config.steps));
+    for (const auto& p : hooks.probes())
+      if (p->name() == "comm") metrics["comm"] = p->section();
+    metrics["hardware"]["collectives"] = {{"backend", comm->backend()}, {"world_size", rk.world}};
+    if (!levels.is_null()) metrics["hardware"]["collectives"]["levels"] = levels;
+    cell["rank"] = rk.rank;
+    cell["world_size"] = rk.world;
+  }
+  cell["metrics"] = metrics;
+  return cell;
+}
+
+// A training cell's configuration as its process runs it: save_encoder and pretrained name files of the
+// run ({model} and {method} standing for the cell's), relative paths inside its output folder.
+RunConfig run_config_of(const RunConfig& config, const std::string& result_path) {
+  const std::filesystem::path run_dir = std::filesystem::path(result_path).parent_path().parent_path();
+  RunConfig run_config = config;
+  const auto in_run_dir = [&](std::string& p) {
+    for (const auto& [field, value] : {std::pair<std::string, std::string>{"{model}", config.model}, {"{method}", config.method}})
+      for (size_t at = p.find(field); at != std::string::npos; at = p.find(field)) p.replace(at, field.size(), value);
+    if (!p.empty() && std::filesystem::path(p).is_relative()) p = (run_dir / p).string();
+  };
+  in_run_dir(run_config.save_encoder);
+  in_run_dir(run_config.pretrained);
+  if (!run_config.pretrained.empty() && !std::filesystem::exists(run_config.pretrained))
+    throw UsageError("pretrained: no encoder at '" + run_config.pretrained +
+                     "' (the cell that saves it, with save_encoder, must run first in the same output folder)");
+  return run_config;
+}
+
+// The probes of a training cell, in the order they see each hook.
+void add_training_probes(Hooks& hooks, const RunConfig& config, const std::string& device, suites::Trainer& trainer,
+                         suites::Communicator* comm, int rank) {
+  hooks.add(std::make_shared<probes::TimingProbe>());  // before memory: its GEMM-peak measurement comes before memory's baseline
+  hooks.add(std::make_shared<probes::MemoryProbe>(device == "cpu" ? memory_budget_bytes(config) : 0));
+  hooks.add(std::make_shared<probes::OverflowProbe>(config.overflow_every));
+  if (comm) hooks.add(std::make_shared<probes::RngProbe>(config.rng_every));
+  if (config.inject != "none") hooks.add(std::make_shared<FaultProbe>(config, rank));
+  if (device.rfind("cuda", 0) == 0)
+    if (auto nvtx = probes::make_nvtx_probe()) hooks.add(nvtx);
+  if (config.timeline) hooks.add(probes::make_timeline_probe());
+  if (config.operator_times) hooks.add(std::make_shared<probes::OperatorTimeProbe>());
+  if (trainer.objective()) {
+    const int64_t total = config.warmup_steps + config.steps;
+    hooks.add(std::make_shared<probes::SslHealthProbe>(config.log_every > 0 ? config.log_every : std::max<int64_t>(1, total / 50)));
+  }
+}
+
+// What a finished training cell says of itself, besides its probes' sections.
+json training_cell(const std::string& name, const RunConfig& config, const std::string& device, int threads, suites::Trainer& trainer,
+                   const RunInfo& info, const suites::TrainOutcome& outcome, suites::Communicator* comm, const CellRank& rk) {
+  json cell = cell_without_metrics(name, config.to_json(), device, outcome.status, outcome.reason);
+  cell["emulated"] = trainer.mode().emulated;
+  if (trainer.mode().fp8) {
+    const auto [fp8, bf16] = suites::fp8_layer_counts();
+    cell["fp8"] = {{"linear_calls_fp8", fp8}, {"linear_calls_bf16", bf16}, {"scaling", config.fp8_scaling}};
+  }
+  if (config.checkpoint_check) {
+    const auto d = suites::checkpoint_determinism();
+    cell["checkpoint_determinism"] = {{"compared", d.compared}, {"max_abs_diff", d.max_abs_diff}};
+  }
+  cell["threads"] = threads;
+  cell["model"] = {{"preset", info.model_name},
+                   {"parameters", info.parameters},
+                   {"analytic_parameters", trainer.model().analytic_parameters()},
+                   {"training_flops_per_sample", info.flops_per_sample},
+                   {"tokens_per_sample", info.tokens_per_sample},
+                   {"shape", trainer.preset().to_json()}};
+  if (!info.flops_convention.empty()) {
+    cell["model"]["flops_convention"] = info.flops_convention;
+    cell["model"]["causal_flops_per_sample"] = info.causal_flops_per_sample;
+  }
+  if (const std::string b = trainer.model().attention_backend(); !b.empty()) cell["model"]["attention_backend"] = b;
+  cell["data"] = suites::resolve_data(config.data, trainer.preset());
+  cell["steps_run"] = outcome.steps_run;
+  if (config.time_budget_s > 0)
+    cell["time_budget"] = {{"budget_s", config.time_budget_s},
+                           {"steps_planned", config.warmup_steps + config.steps},
+                           {"steps_run", outcome.steps_run},
+                           {"stopped_early", outcome.budget_stopped}};
+  if (comm) {
+    cell["rank"] = rk.rank;
+    cell["world_size"] = rk.world;
+    cell["backend"] = comm->backend();
+  }
+  cell["layout"] = trainer.mesh().layout().to_json();
+  cell["layout"]["sharding"] = trainer.strategy().sharding_level();
+  return cell;
+}
+
+// The probes' sections, with the device timeline's view of the communication where there is one.
+json metrics_of(const Hooks& hooks, const suites::TrainOutcome& outcome) {
+  json metrics = json::object();
+  for (const auto& p : hooks.probes())
+    if (p->name() != "nvtx" && p->name() != "fault") metrics[p->name()] = p->section();
+  metrics["quality"] = quality_section(outcome);
+  if (metrics.contains("comm") && metrics.contains("timeline") && metrics["timeline"].value("available", false)) {
+    // On a GPU the device's timeline says what the step waited for; the host's view stays beside it.
+    json& c = metrics["comm"];
+    c["host_view"] = {{"exposed_comm_time_s", c["exposed_comm_time_s"]}, {"overlap", c["overlap"]}};
+    c["exposed_comm_time_s"] = metrics["timeline"]["exposed_communication_s"];
+    c["overlap"] = metrics["timeline"]["overlap"];
+    c["overlap_source"] = "device timeline (CUPTI)";
+  }
+  return metrics;
+}
+
+// save_parameters and parity_dump: a collective under zero3 and with masters (every rank takes part).
+void write_parameters(suites::Trainer& trainer, const RunConfig& config, const suites::TrainOutcome& outcome,
+                      const std::string& result_path, json& cell) {
+  if (config.save_parameters) {
+    std::vector<torch::Tensor> params;
+    for (const auto& [name, p] : trainer.final_parameters()) params.push_back(p.to(torch::kFloat));
+    torch::save(params, parameters_path(result_path));
+  }
+  if (!config.parity_dump) return;
+  std::vector<std::pair<std::string, torch::Tensor>> final_params = trainer.final_parameters();
+  const suites::ParityRecord* rec = trainer.parity();
+  if (!rec) return;
+  // An SSL cell also carries its objectives on fixed tensors and one SimCLR and one DINO step on
+  // fixed views, for the lightly rows.
+  decltype(final_params) ssl_probes;
+  if (trainer.objective()) {
+    ssl_probes = suites::ssl::loss_probe(config);
+    for (auto& item : suites::ssl::step_probe(config, trainer.preset(), trainer.data().shape())) ssl_probes.push_back(std::move(item));
+  }
+  write_parity_dump(parity_dump_path(result_path), *rec, final_params, outcome.step_losses, ssl_probes);
+  cell["parity_dump"] = std::filesystem::path(parity_dump_path(result_path)).filename().string();
+}
+
+// A training cell from set-up to its result file.
+void train_cell(const std::string& name, const RunConfig& config, const std::string& device, int threads, Hooks& hooks,
+                suites::Communicator* comm, const CellRank& rk, const std::string& result_path) {
+  const RunConfig run_config = run_config_of(config, result_path);
+  suites::Trainer trainer(run_config, device, comm);
+  add_training_probes(hooks, config, device, trainer, comm, rk.rank);
+  const RunInfo info = trainer.info();
+  const auto train_started = std::chrono::steady_clock::now();
+  const suites::TrainOutcome outcome = suites::train(trainer, config, hooks, info);
+  const double train_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_started).count();
+  json cell = training_cell(name, config, device, threads, trainer, info, outcome, comm, rk);
+  json metrics = metrics_of(hooks, outcome);
+  if (trainer.objective() || ssl_eval_mode(config) != "off") {
+    const std::filesystem::path run_dir = std::filesystem::path(result_path).parent_path().parent_path();
+    metrics["ssl"] = ssl_section(trainer, run_config, metrics, outcome, train_wall_s, device, (run_dir / "ssl-raw-pixel-floor.json").string());
+  }
+  cell["metrics"] = metrics;
+  write_parameters(trainer, config, outcome, result_path, cell);
+  write_result(result_path, comm, rk, cell);
+}
+
+}  // namespace
+
 int cell_main(const std::string& spec_path, const std::string& result_path, const CellRank& rk) {
   // First, before any tensor exists, so that every byte of tensor storage is counted.
   probes::AccountingAllocator::install();
@@ -376,7 +564,6 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
     if (want_threads == 0 && rk.local_world > 1)
       want_threads = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) / rk.local_world);
     const int threads = probes::configure_threads(want_threads);
-
     Hooks hooks;
     // First, so that the timeline has the set-up collectives too.
     if (config.trace) hooks.add(std::make_shared<probes::TraceProbe>(trace_path(result_path), rk.rank));
@@ -386,166 +573,12 @@ int cell_main(const std::string& spec_path, const std::string& result_path, cons
       const std::string backend = config.backend == "auto" ? (cuda ? "nccl" : "gloo") : config.backend;
       comm = std::make_unique<suites::Communicator>(
           suites::Rendezvous{rk.store_host, rk.store_port, rk.prefix, rk.rank, rk.world, rk.local_world < rk.world}, backend,
-          torch::Device(device),
-          config.collective_timeout_s);
+          torch::Device(device), config.collective_timeout_s);
       comm->set_observer([&hooks](const CollectiveInfo& c) { hooks.collective(c); });
       hooks.add(std::make_shared<probes::CommProbe>());  // before the trainer: it sees the initial broadcast
     }
-    if (config.kind != "train") {
-      // The hardware itself: one measurement, no training loop.
-      json cell = cell_without_metrics(name, config.to_json(), device, "ok", "");
-      cell["threads"] = threads;
-      cell["device_name"] = device_name(device);
-      json metrics;
-      if (config.kind == "gemm-peak") {
-        metrics["hardware"]["gemm"] = json::array();
-#ifdef TRAINSCOPE_TORCH_CUDA
-        if (device != "cpu") metrics["hardware"]["gemm_workspace_bytes"] = cuda_gemm_workspace(device);
-#endif
-        for (const auto& dtype : suites::peak_dtypes(device)) {
-          json g = suites::gemm_peak(device, dtype, config.thorough);
-          if (!g.contains("skipped") && device == "cpu") g["workspace"] = gemm_workspace(dtype);
-          metrics["hardware"]["gemm"].push_back(g);
-        }
-        if (device == "cpu") {
-          metrics["hardware"]["conv_workspace"] = conv_workspace();
-          metrics["hardware"]["batch_norm_workspace"] = batch_norm_workspace();
-        }
-      } else if (config.kind == "memory-bandwidth") {
-        metrics["hardware"]["memory"] = suites::memory_bandwidth(device);
-      } else if (config.kind == "copy-bandwidth") {
-        metrics["hardware"]["copy"] = suites::copy_bandwidth(device);
-      } else {  // collectives: world_size >= 2, so the communicator and its probe exist
-        RunInfo info;
-        info.config = &config;
-        info.device = device;
-        info.rank = rk.rank;
-        info.world_size = rk.world;
-        info.collectives = comm->implementation();
-        hooks.run_begin(info);
-        const json levels = suites::collectives_sweep(*comm, device, static_cast<int>(config.warmup_steps), static_cast<int>(config.steps));
-        for (const auto& p : hooks.probes())
-          if (p->name() == "comm") metrics["comm"] = p->section();
-        metrics["hardware"]["collectives"] = {{"backend", comm->backend()}, {"world_size", rk.world}};
-        if (!levels.is_null()) metrics["hardware"]["collectives"]["levels"] = levels;
-        cell["rank"] = rk.rank;
-        cell["world_size"] = rk.world;
-      }
-      cell["metrics"] = metrics;
-      write_result(result_path, comm.get(), rk, cell);
-      return 0;
-    }
-    // save_encoder / pretrained name files of the run: relative paths are inside its output folder.
-    const std::filesystem::path run_dir = std::filesystem::path(result_path).parent_path().parent_path();
-    RunConfig run_config = config;
-    // {model} and {method} in the name stand for the cell's, so one base key names each cell's file.
-    const auto in_run_dir = [&](std::string& p) {
-      for (const auto& [field, value] : {std::pair<std::string, std::string>{"{model}", config.model}, {"{method}", config.method}})
-        for (size_t at = p.find(field); at != std::string::npos; at = p.find(field)) p.replace(at, field.size(), value);
-      if (!p.empty() && std::filesystem::path(p).is_relative()) p = (run_dir / p).string();
-    };
-    in_run_dir(run_config.save_encoder);
-    in_run_dir(run_config.pretrained);
-    if (!run_config.pretrained.empty() && !std::filesystem::exists(run_config.pretrained))
-      throw UsageError("pretrained: no encoder at '" + run_config.pretrained +
-                       "' (the cell that saves it, with save_encoder, must run first in the same output folder)");
-    suites::Trainer trainer(run_config, device, comm.get());
-
-    auto timing = std::make_shared<probes::TimingProbe>();
-    auto memory = std::make_shared<probes::MemoryProbe>(device == "cpu" ? memory_budget_bytes(config) : 0);
-    hooks.add(timing);  // before memory: its GEMM-peak measurement must happen before memory's baseline
-    hooks.add(memory);
-    hooks.add(std::make_shared<probes::OverflowProbe>(config.overflow_every));
-    if (comm) hooks.add(std::make_shared<probes::RngProbe>(config.rng_every));
-    if (config.inject != "none") hooks.add(std::make_shared<FaultProbe>(config, rk.rank));
-    if (device.rfind("cuda", 0) == 0)
-      if (auto nvtx = probes::make_nvtx_probe()) hooks.add(nvtx);
-    if (config.timeline) hooks.add(probes::make_timeline_probe());
-    if (config.operator_times) hooks.add(std::make_shared<probes::OperatorTimeProbe>());
-    if (trainer.objective()) {
-      const int64_t total = config.warmup_steps + config.steps;
-      hooks.add(std::make_shared<probes::SslHealthProbe>(config.log_every > 0 ? config.log_every : std::max<int64_t>(1, total / 50)));
-    }
-
-    const RunInfo info = trainer.info();
-    const auto train_started = std::chrono::steady_clock::now();
-    const suites::TrainOutcome outcome = suites::train(trainer, config, hooks, info);
-    const double train_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_started).count();
-
-    json cell = cell_without_metrics(name, config.to_json(), device, outcome.status, outcome.reason);
-    cell["emulated"] = trainer.mode().emulated;
-    if (trainer.mode().fp8) {
-      const auto [fp8, bf16] = suites::fp8_layer_counts();
-      cell["fp8"] = {{"linear_calls_fp8", fp8}, {"linear_calls_bf16", bf16}, {"scaling", config.fp8_scaling}};
-    }
-    if (config.checkpoint_check) {
-      const auto d = suites::checkpoint_determinism();
-      cell["checkpoint_determinism"] = {{"compared", d.compared}, {"max_abs_diff", d.max_abs_diff}};
-    }
-    cell["threads"] = threads;
-    cell["model"] = {{"preset", info.model_name},
-                     {"parameters", info.parameters},
-                     {"analytic_parameters", trainer.model().analytic_parameters()},
-                     {"training_flops_per_sample", info.flops_per_sample},
-                     {"tokens_per_sample", info.tokens_per_sample},
-                     {"shape", trainer.preset().to_json()}};
-    if (!info.flops_convention.empty()) {
-      cell["model"]["flops_convention"] = info.flops_convention;
-      cell["model"]["causal_flops_per_sample"] = info.causal_flops_per_sample;
-    }
-    if (const std::string b = trainer.model().attention_backend(); !b.empty()) cell["model"]["attention_backend"] = b;
-    cell["data"] = suites::resolve_data(config.data, trainer.preset());
-    cell["steps_run"] = outcome.steps_run;
-    if (config.time_budget_s > 0)
-      cell["time_budget"] = {{"budget_s", config.time_budget_s},
-                             {"steps_planned", config.warmup_steps + config.steps},
-                             {"steps_run", outcome.steps_run},
-                             {"stopped_early", outcome.budget_stopped}};
-    if (comm) {
-      cell["rank"] = rk.rank;
-      cell["world_size"] = rk.world;
-      cell["backend"] = comm->backend();
-    }
-    cell["layout"] = trainer.mesh().layout().to_json();
-    cell["layout"]["sharding"] = trainer.strategy().sharding_level();
-    json metrics = json::object();
-    for (const auto& p : hooks.probes())
-      if (p->name() != "nvtx" && p->name() != "fault") metrics[p->name()] = p->section();
-    metrics["quality"] = quality_section(outcome);
-    if (metrics.contains("comm") && metrics.contains("timeline") && metrics["timeline"].value("available", false)) {
-      // On a GPU the device's timeline says what the step waited for; the host's view stays beside it.
-      json& c = metrics["comm"];
-      c["host_view"] = {{"exposed_comm_time_s", c["exposed_comm_time_s"]}, {"overlap", c["overlap"]}};
-      c["exposed_comm_time_s"] = metrics["timeline"]["exposed_communication_s"];
-      c["overlap"] = metrics["timeline"]["overlap"];
-      c["overlap_source"] = "device timeline (CUPTI)";
-    }
-    if (trainer.objective() || ssl_eval_mode(config) != "off")
-      metrics["ssl"] = ssl_section(trainer, run_config, metrics, outcome, train_wall_s, device,
-                                   (run_dir / "ssl-raw-pixel-floor.json").string());
-    cell["metrics"] = metrics;
-    if (config.save_parameters) {
-      std::vector<torch::Tensor> params;
-      for (const auto& [name, p] : trainer.final_parameters()) params.push_back(p.to(torch::kFloat));
-      torch::save(params, parameters_path(result_path));
-    }
-    if (config.parity_dump) {
-      // A collective under zero3 and with masters: every rank takes part.
-      std::vector<std::pair<std::string, torch::Tensor>> final_params = trainer.final_parameters();
-      if (const suites::ParityRecord* rec = trainer.parity()) {
-        // An SSL cell also carries its objectives on fixed tensors and one SimCLR and one DINO step on
-        // fixed views, for the lightly rows.
-        decltype(final_params) ssl_probes;
-        if (trainer.objective()) {
-          ssl_probes = suites::ssl::loss_probe(config);
-          for (auto& item : suites::ssl::step_probe(config, trainer.preset(), trainer.data().shape()))
-            ssl_probes.push_back(std::move(item));
-        }
-        write_parity_dump(parity_dump_path(result_path), *rec, final_params, outcome.step_losses, ssl_probes);
-        cell["parity_dump"] = std::filesystem::path(parity_dump_path(result_path)).filename().string();
-      }
-    }
-    write_result(result_path, comm.get(), rk, cell);
+    if (config.kind != "train") write_result(result_path, comm.get(), rk, hardware_cell(name, config, device, threads, hooks, comm.get(), rk));
+    else train_cell(name, config, device, threads, hooks, comm.get(), rk, result_path);
     return 0;
   } catch (const c10::OutOfMemoryError& e) {
     const std::string what = e.what();

@@ -50,12 +50,66 @@ double ReferenceModel::recompute_flops_per_sample() const {
   return f;
 }
 
-torch::Tensor ReferenceModel::loss(const Batch& b) {
-  torch::Tensor logits = forward(b.input);
+namespace {
+
+// Rows of a fused cross-entropy chunk: about 16M logits (64 MiB in fp32) are converted at a time.
+int64_t fused_loss_chunk_rows(int64_t rows, int64_t classes) {
+  return std::min(rows, std::max<int64_t>(1, kFusedLossChunkElements / classes));
+}
+
+// Mean cross-entropy of logits [N, V] (any float dtype) against targets [N], in fp32. Forward keeps the
+// logits and each row's log-sum-exp; backward writes d loss / d logits = (softmax - one_hot) g / N into one
+// buffer of the logits' dtype. The fp32 work is done a chunk of rows at a time.
+struct FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& target) {
+    const int64_t rows = logits.size(0), step = fused_loss_chunk_rows(rows, logits.size(1));
+    torch::Tensor lse = torch::empty({rows}, logits.options().dtype(torch::kFloat));
+    for (int64_t a = 0; a < rows; a += step) {
+      const int64_t b = std::min(rows, a + step);
+      const torch::Tensor x = logits.slice(0, a, b).to(torch::kFloat);  // a view when already fp32
+      const torch::Tensor max = x.amax(1, true);
+      torch::Tensor e = x - max;
+      e.exp_();
+      lse.slice(0, a, b).copy_(e.sum(1).log_().add_(max.squeeze(1)));
+    }
+    const torch::Tensor picked = logits.gather(1, target.unsqueeze(1)).squeeze(1).to(torch::kFloat);
+    ctx->save_for_backward({logits, lse, target});
+    return (lse - picked).mean();
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &logits = saved[0], &lse = saved[1], &target = saved[2];
+    const int64_t rows = logits.size(0), step = fused_loss_chunk_rows(rows, logits.size(1));
+    const torch::Tensor scale = grads[0].to(torch::kFloat) / static_cast<double>(rows);
+    torch::Tensor grad = torch::empty_like(logits);
+    for (int64_t a = 0; a < rows; a += step) {
+      const int64_t b = std::min(rows, a + step);
+      // Out of place first: with fp32 logits the chunk is the saved tensor itself.
+      torch::Tensor p = logits.slice(0, a, b).to(torch::kFloat) - lse.slice(0, a, b).unsqueeze(1);
+      p.exp_();
+      const torch::Tensor t = target.slice(0, a, b).unsqueeze(1);
+      p.scatter_add_(1, t, torch::full(t.sizes(), -1.0, p.options()));
+      grad.slice(0, a, b).copy_(p.mul_(scale));
+    }
+    return {grad, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& target, const std::string& how) {
+  if (how == "fused") return FusedCrossEntropy::apply(logits, target);
   // Losses in fp32 at least, whatever the compute precision (as autocast does for cross_entropy).
   const auto dtype = at::promote_types(logits.scalar_type(), torch::kFloat);
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(dtype),
-                                               b.target.reshape({-1}));
+  return torch::nn::functional::cross_entropy(logits.to(dtype), target);
+}
+
+torch::Tensor ReferenceModel::loss(const Batch& b) {
+  const torch::Tensor logits = forward(b.input);
+  return cross_entropy(logits.reshape({-1, logits.size(-1)}), b.target.reshape({-1}), cross_entropy_);
 }
 
 torch::Tensor ReferenceModel::features(const torch::Tensor&) {

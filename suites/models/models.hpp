@@ -38,11 +38,19 @@ using trainscope::model_presets;
 
 const ModelPreset& model_preset(const std::string& name);
 
+// Mean cross-entropy of logits [N, V] against targets [N] in fp32, as cross_entropy = eager | fused
+// computes it (ReferenceModel::set_cross_entropy).
+torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& target, const std::string& how);
+
 class ReferenceModel : public torch::nn::Module {
  public:
   virtual torch::Tensor forward(const torch::Tensor& x) = 0;  // logits
   // Cross-entropy of the logits against the batch's targets (per token for sequence models).
   virtual torch::Tensor loss(const Batch& b);
+  // How loss() computes it: eager (the logits cast to fp32, log_softmax + nll_loss: autograd keeps the fp32
+  // log-probabilities) or fused (one function that keeps the logits and each row's fp32 log-sum-exp and
+  // writes their gradient once, in their dtype, as torch.compile's fused cross-entropy does).
+  void set_cross_entropy(std::string how) { cross_entropy_ = std::move(how); }
   virtual int64_t analytic_parameters() const = 0;
   virtual double training_flops_per_sample() const = 0;
   virtual int64_t tokens_per_sample() const { return 0; }
@@ -108,6 +116,7 @@ class ReferenceModel : public torch::nn::Module {
 
  private:
   Boundary boundary_;
+  std::string cross_entropy_ = "eager";
   CheckpointPolicy checkpoint_;
   BlockWrapper block_wrapper_;
 };

@@ -375,11 +375,15 @@ class MasterZero12 : public ParallelStrategy {
   void zero_grad(torch::optim::Optimizer&) override { zero_flat_gradients(flat_, shard_); }
   void reduce_gradients() override {
     torch::NoGradGuard no_grad;
-    torch::Tensor full = stage_ == 1 ? accumulator_.copy_(flat_.grad) : flat_.grad.to(policy_.reduce);
-    release_storage(flat_.grad);
+    // zero2 reduces the bf16 gradients in place when they are already in reduce_dtype (a conversion
+    // would return the same tensor), else a converted copy; zero1 through its reduce_dtype buffer.
+    const bool in_place = stage_ == 2 && flat_.grad.scalar_type() == policy_.reduce;
+    torch::Tensor full = stage_ == 1 ? accumulator_.copy_(flat_.grad) : in_place ? flat_.grad : flat_.grad.to(policy_.reduce);
+    if (!in_place) release_storage(flat_.grad);
     torch::Tensor out = torch::empty({flat_.shard}, full.options());
     comm_->reduce_scatter(out, full, /*average=*/true);  // `full` is the collective's scratch: then the slice
     shard_.mutable_grad().copy_(out);
+    if (in_place) release_storage(flat_.grad);
   }
   void after_step() override {
     torch::NoGradGuard no_grad;

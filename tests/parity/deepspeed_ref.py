@@ -43,6 +43,17 @@ def available():
     return _load() is not None
 
 
+def compares(cfg):
+    """Whether a zero cell gets a DeepSpeed row: every precision but bf16-master with fp32 reduction (its
+    reference is FSDP2; DeepSpeed's bf16 reduces in bf16, which the reduce_dtype = "bf16" cells compare)."""
+    return cfg.get("precision") != "bf16-master" or cfg.get("reduce_dtype", "fp32") == "bf16"
+
+
+def is_bf16(cfg):
+    """DeepSpeed runs its bf16 ("bf16": {"enabled": true}) for trainscope's bf16-mixed and bf16-master."""
+    return cfg.get("precision") in ("bf16-mixed", "bf16-master")
+
+
 def version():
     return _load().__version__
 
@@ -100,7 +111,7 @@ def _rank_main(rank, world, cell, dump_path, lib, out_dir):
         wrapped = ref.LossModule(model)
         opt = torch.optim.SGD(wrapped.parameters(), lr=float(cfg.get("lr", 1e-3)), momentum=0.9,
                               weight_decay=float(cfg.get("weight_decay", 0.0)), foreach=False)
-        bf16 = cfg.get("precision") == "bf16-mixed"
+        bf16 = is_bf16(cfg)
         engine, optimizer, _, _ = deepspeed.initialize(model=wrapped, optimizer=opt,
                                                        config=config(stage, batch, float(cfg.get("bucket_mb", 25.0)), bf16))
         warmup = int(cfg.get("warmup_steps", 0))
@@ -224,26 +235,34 @@ def row(cell, dump, dump_path, lib):
     checks = ref.compare_training(cell, dump, runs, kind)
     if kind == "zero3" and any(c["verdict"] == "differs" for c in checks):
         checks = autograd_order_checks(cell, dump, dump_path, runs, checks, ref)
-    bf16 = cell["config"].get("precision") == "bf16-mixed"
-    if bf16:
+    bf16 = is_bf16(cell["config"])
+    master = cell["config"].get("precision") == "bf16-master"
+    if master:
+        out["reference"] += ", with its bf16 enabled at its defaults (bf16 weights, fp32 masters, gradients reduced in bf16)"
+        checks += master_checks(cell, dump, runs, ref)
+    elif bf16:
         out["reference"] += ", with its bf16 enabled (bf16 weights, fp32 masters)"
         checks += bf16_checks(cell, dump, runs, ref)
     world = len(runs)
     psi = sum(t.numel() * t.element_size() for t in dump["initial"].values())  # 4Ψ bytes: fp32 parameters
+    rd = 2 if cell["config"].get("reduce_dtype", "fp32") == "bf16" else 4
     ranks = cell.get("ranks") or []
     for r in range(world):
         ours = (ranks[r] if r < len(ranks) else {}).get("model_state_parts") or {}
         theirs = runs[r]["model_state"]
         for part in ("params", "grads", "optimizer"):
             checks.append(ref.value_check(f"rank {r} {part} bytes", ours.get(part), theirs[part],
-                                          design=memory_design(kind, part, ours.get(part), theirs[part], psi, world, bf16)))
-        master = theirs["fp32_master"]
+                                          design=memory_design(kind, part, ours.get(part), theirs[part], psi, world, bf16,
+                                                               master, rd)))
+        fp32_master = theirs["fp32_master"]
         why = ("its bf16 design: the fp32 master weights of its partition, which the optimizer updates before the bf16 "
                "copy is taken" if bf16 else "DeepSpeed keeps an fp32 copy of its partition even when training in fp32")
-        checks.append(ref.value_check(f"rank {r} fp32 master partition bytes", 0, master,
-                                      design=f"{why}, 4Ψ/N = {master} B; trainscope updates its fp32 parameters in place"
-                                             if master * world == psi else None))
-    checks += comm_checks(cell, runs[0], kind, psi, world, ref, bf16)
+        where = ("trainscope's master slice is counted in its params row" if master
+                 else "trainscope updates its fp32 parameters in place")
+        checks.append(ref.value_check(f"rank {r} fp32 master partition bytes", 0, fp32_master,
+                                      design=f"{why}, 4Ψ/N = {fp32_master} B; {where}"
+                                             if fp32_master * world == psi else None))
+    checks += comm_checks(cell, runs[0], kind, psi, world, ref, bf16, master)
     if kind in ("zero2", "zero3"):
         checks.append(estimator_check(cell, kind, runs[0], world, ref, bf16))
     ours_t = (cell["metrics"].get("timing", {}).get("step_time_s") or {}).get("p50")
@@ -281,6 +300,23 @@ def autograd_order_checks(cell, dump, dump_path, runs, checks, ref):
     return checks + same
 
 
+def master_checks(cell, dump, runs, ref):
+    """DeepSpeed's bf16 against trainscope's bf16-master with reduce_dtype = "bf16": the same recipe (bf16
+    copies of fp32 masters, no autocast, bf16 gradients reduced in bf16 and averaged, the fp32 masters
+    stepped) but for where the masters start: DeepSpeed casts the module to bf16 before it makes its
+    masters (fp32(bf16(w0))), trainscope's masters are the fp32 initial weights. The cell starts from
+    weights that bf16 represents exactly (another cell's bf16 weights), so both start from the same
+    masters; this checks that it did. Division: DeepSpeed divides each bf16 gradient by N before its bf16
+    sum, trainscope sums and divides; at N = 2 both are one rounding of (a + b) / 2, the same bits."""
+    r0 = runs[0]
+    initial = dict(dump["initial"])
+    return [ref.tensor_check("trainscope's initial fp32 masters against the same weights rounded to bf16 and back "
+                             "(DeepSpeed's masters at its start)", initial,
+                             {k: v.to(torch.bfloat16).to(v.dtype) for k, v in initial.items()}),
+            ref.tensor_check("DeepSpeed's fp32 masters rounded to bf16 (left) against its module's weights",
+                             {k: v.to(torch.bfloat16) for k, v in r0["final"].items()}, r0["module_params"])]
+
+
 def bf16_checks(cell, dump, runs, ref):
     """What DeepSpeed's bf16 is, checked: its module holds bf16 copies of fp32 master weights (after every
     step, the masters rounded to bf16, bit for bit), and its forward is bf16-true's (step 0's loss equals
@@ -306,9 +342,26 @@ def bf16_checks(cell, dump, runs, ref):
     return checks
 
 
-def memory_design(kind, part, ours, theirs, psi, world, bf16=False):
-    """A model-state difference that DeepSpeed's design predicts to the byte, or None."""
+def memory_design(kind, part, ours, theirs, psi, world, bf16=False, master=False, rd=4):
+    """A model-state difference that DeepSpeed's design predicts to the byte, or None. psi: 4Ψ (fp32 bytes
+    of the model); master: a bf16-master cell whose gradients are reduced in rd-byte elements."""
     if ours is None or theirs is None:
+        return None
+    if master:
+        n, sharded = psi // 4, psi // world
+        if part == "params" and kind != "zero3" and ours - theirs == sharded and theirs == 2 * n:
+            return (f"trainscope counts its fp32 master slice (4Ψ/N = {sharded} B) with the parameters, beside the bf16 "
+                    f"copy both sides keep whole (2Ψ = {theirs} B); DeepSpeed's fp32 master partition is its own row below")
+        if part == "params" and kind == "zero3" and ours == sharded and theirs * 2 == ours:
+            return (f"trainscope's zero3 holds the fp32 shard (4Ψ/N = {ours} B), the master itself, and casts it to bf16 "
+                    f"for each gather; DeepSpeed holds a bf16 partition (2Ψ/N = {theirs} B) and its fp32 master "
+                    "partition (the row below)")
+        held = (rd * n + (sharded if rd == 2 else 0)) if kind == "zero1" else sharded
+        if part == "grads" and theirs == 0 and ours == held:
+            return ("DeepSpeed frees the gradients once its step has consumed them; trainscope keeps its gradient "
+                    "buffers between steps: " + (f"zero1's full {rd}-byte buffer ({rd * n} B, Megatron's layout)"
+                                                 + (f" and the fp32 gradient of its master slice ({sharded} B)" if rd == 2 else "")
+                                                 if kind == "zero1" else f"the fp32 gradient of its master slice, 4Ψ/N = {ours} B"))
         return None
     if bf16 and part == "params" and kind != "zero3" and theirs * 2 == ours:
         return (f"DeepSpeed's bf16 holds the weights in bf16, 2Ψ = {theirs} B (its fp32 masters are the row below); "
@@ -320,7 +373,7 @@ def memory_design(kind, part, ours, theirs, psi, world, bf16=False):
     return None
 
 
-def comm_checks(cell, run, kind, psi, world, ref, bf16=False):
+def comm_checks(cell, run, kind, psi, world, ref, bf16=False, master=False):
     """Bytes per measured step through each collective (rank 0), nccl-tests' sizes on both sides; a
     difference passes only where DeepSpeed's code predicts it to the byte."""
     ours = ref.comm_per_step(cell)
@@ -333,24 +386,30 @@ def comm_checks(cell, run, kind, psi, world, ref, bf16=False):
                   if k.startswith("all-reduce 1 x"))
     grad_bytes = 2 if bf16 else 1  # trainscope's fp32 gradients against DeepSpeed's bf16 ones: twice the bytes
     root = ref.root_bytes(cell)
+    if master:  # bf16-master: trainscope reduces in reduce_dtype and gathers bf16, as DeepSpeed's bf16
+        grad_bytes = 1 if cell["config"].get("reduce_dtype", "fp32") == "bf16" else 2
+        root //= 2
+    allreduce_stages = ("zero1", "zero2") if master else ("zero2",)
     checks = []
     for op in sorted(set(ours) | set(theirs)):
         a, b = ours.get(op, 0), theirs.get(op, 0)
         design = None
-        if op == "all-reduce" and kind != "zero2" and b - a == scalars > 0:
+        if op == "all-reduce" and kind not in allreduce_stages and b - a == scalars > 0:
             design = (f"{scalars} B per step: DeepSpeed all-reduces the squared gradient norm (one scalar) every "
                       "step to look for inf/NaN and to report it, also with gradient clipping off")
-        elif kind == "zero2" and op == "all-reduce" and (b - scalars) * grad_bytes == ours.get("reduce-scatter") and a == 0:
-            design = (f"DeepSpeed's stage 2 reduces each gradient bucket with an all-reduce and keeps its partition "
-                      f"(use_multi_rank_bucket_allreduce, on by default), plus the {scalars} B gradient norm"
-                      + (" and overflow flag; its gradients are bf16, half of trainscope's fp32 bytes" if bf16 else "")
+        elif kind in allreduce_stages and op == "all-reduce" and (b - scalars) * grad_bytes == ours.get("reduce-scatter") and a == 0:
+            design = (f"DeepSpeed's stage {STAGES[kind]} reduces each gradient bucket with an all-reduce and keeps its partition "
+                      + ("(use_multi_rank_bucket_allreduce, on by default)" if kind == "zero2" else "(at the step's boundary)")
+                      + f", plus the {scalars} B gradient norm" + (" and overflow flag" if bf16 else "")
+                      + ("; its gradients are bf16, half of trainscope's fp32 bytes" if bf16 and grad_bytes == 2 else "")
+                      + ("; the same bf16 gradient bytes as trainscope's reduce_dtype = bf16" if master and grad_bytes == 1 else "")
                       + "; trainscope reduce-scatters: twice the bus traffic per byte, 2(N-1)/N against (N-1)/N")
-        elif kind == "zero2" and op == "reduce-scatter" and b == 0 and a == (theirs.get("all-reduce", 0) - scalars) * grad_bytes:
-            design = "DeepSpeed's stage 2 all-reduces these gradients instead (the all-reduce row)"
+        elif kind in allreduce_stages and op == "reduce-scatter" and b == 0 and a == (theirs.get("all-reduce", 0) - scalars) * grad_bytes:
+            design = f"DeepSpeed's stage {STAGES[kind]} all-reduces these gradients instead (the all-reduce row)"
         elif bf16 and kind != "zero3" and op == "all-gather" and b * 2 == a:
             design = (f"DeepSpeed gathers the updated weights in bf16 ({b} B), trainscope its fp32 parameters ({a} B)")
         elif kind == "zero3" and op == "all-gather" and b - a == root:
-            design = (f"{root} B per step, the root's parameters (embeddings, final norm, tied head): DeepSpeed "
+            design = (f"{root} B per step, the root's {'bf16 ' if master else ''}parameters (embeddings, final norm, tied head): DeepSpeed "
                       "(reuse and prefetch off) gathers them again for backward; trainscope's zero3 keeps them "
                       "gathered until backward ends")
         checks.append(ref.value_check(f"{op} bytes per step (rank 0)", a, b, design=design))
@@ -362,7 +421,7 @@ def estimator_check(cell, kind, run, world, ref, bf16=False):
     this run: the estimator assumes fp16 weights with fp32 Adam, 2 + 18/N bytes per parameter at stage 2
     and 18/N plus the largest layer's fp32 weights at stage 3; this run is fp32 with SGD's momentum, so
     DeepSpeed held 4 + 8/N (stage 2: the weights whole, its fp32 master partition and the momentum) or
-    12/N bytes per parameter (stage 3); in bf16 2 + 8/N at stage 2. Neither counts the gradient bucket (reduce_bucket_size x 4 B, 2 GB
+    12/N bytes per parameter (stage 3); in bf16 2 + 8/N at stage 2 and 10/N at stage 3. Neither counts the gradient bucket (reduce_bucket_size x 4 B, 2 GB
     at DeepSpeed's default) nor activations."""
     model = ref.build_model(cell)
     n = sum(p.numel() for p in model.parameters())
@@ -378,7 +437,9 @@ def estimator_check(cell, kind, run, world, ref, bf16=False):
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
         estimate = estimate_zero3_model_states_mem_needs(n, largest, num_gpus_per_node=world, cpu_offload=False,
                                                          cpu_offload_params=False)[1]
-        recipe, expected = "12/N", 12 * n // world
+        # bf16: a bf16 partition (2/N) where fp32 training holds an fp32 one (4/N); its fp32 master and the
+        # momentum as in fp32 (4/N each).
+        recipe, expected = ("10/N", 10 * n // world) if bf16 else ("12/N", 12 * n // world)
         assumed = f"18/N bytes per parameter plus the largest layer's fp32 weights, 4 x {largest} B"
     check = ref.value_check(f"model-state bytes per rank: DeepSpeed held (left) against estimate_{kind}_model_states_mem_needs",
                             held, estimate)

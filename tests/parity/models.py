@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+import sac
+
 # name: (family, hidden or blocks per stage, width, layers, heads, seq_len, vocab), as model_presets().
 PRESETS = {
     "mlp-tiny": ("mlp", [64], 0, 0, 0, 0, 0),
@@ -24,16 +26,18 @@ PRESETS = {
 
 
 class CheckpointPolicy:
-    """none | full | every:k, as suites/techniques/checkpoint.hpp parses them (every:k checkpoints 0, k, 2k...)."""
+    """none | full | every:k | selective-op, as suites/techniques/checkpoint.hpp parses them (every:k
+    checkpoints 0, k, 2k...; selective-op checkpoints every block under torchtitan's op-level policy, sac.py)."""
 
     def __init__(self, text="none"):
         self.every = 0
-        if text == "full":
+        self.op_level = text == "selective-op"
+        if text in ("full", "selective-op"):
             self.every = 1
         elif text.startswith("every:"):
             self.every = int(text.split(":", 1)[1])
         elif text != "none":
-            raise ValueError(f"the parity references know none, full and every:k, not '{text}'")
+            raise ValueError(f"the parity references know none, full, every:k and selective-op here, not '{text}'")
 
     def checkpoints(self, index):
         return self.every > 0 and index % self.every == 0
@@ -47,6 +51,8 @@ class Reference(nn.Module):
 
     def run_block(self, index, fn, x):
         if self.training and torch.is_grad_enabled() and self.policy.checkpoints(index):
+            if self.policy.op_level:  # torchtitan's SelectiveAC around the block
+                return sac.run(fn, x)
             # torch.utils.checkpoint as the issue names it: non-reentrant, RNG state preserved.
             return checkpoint(fn, x, use_reentrant=False, preserve_rng_state=True)
         return fn(x)

@@ -405,13 +405,17 @@ int trace_command(const std::string& dir) {
   return 0;
 }
 
-int run_suite(const RunOptions& o) {
-  suites::Suite suite = suites::load_suite(o.suite);
+namespace {
+
+// The suite as asked for: overrides applied, cells expanded and filtered, the device checked; an empty
+// selection, a frontier naming a missing cell or a device that is not here is an error before anything runs.
+std::vector<suites::Cell> prepare_suite(const RunOptions& o, suites::Suite& suite) {
+  suite = suites::load_suite(o.suite);
   if (!o.device.empty()) suites::apply_override(suite, "device", o.device);
   if (!o.memory_budget.empty()) suites::apply_override(suite, "memory_budget", o.memory_budget);
   for (const auto& [key, text] : o.sets) suites::apply_override(suite, key, parse_value(key, text));
   if (o.repeat > 0) suite.repeat = o.repeat;
-  const std::vector<suites::Cell> cells = suites::expand(suite, o.filter);
+  std::vector<suites::Cell> cells = suites::expand(suite, o.filter);
   if (cells.empty()) throw UsageError("no cell of suite '" + suite.name + "' matches --filter '" + o.filter + "'");
   if (suite.frontier.is_object() && o.filter.empty())
     for (const auto& n : suite.frontier.value("cells", json::array()))
@@ -423,167 +427,132 @@ int run_suite(const RunOptions& o) {
     const std::string why = suites::device_unavailable(suites::resolve_device(o.device));
     if (!why.empty()) throw UsageError("--device " + o.device + ": " + why);
   }
+  return cells;
+}
 
-  const std::optional<Launch> external = detect_launch(process_env());
-  Launch launch = external ? *external : Launch{};
-  // Every rank of an external launch names the same folder: rank 0's default, without a clock.
-  const std::string out = !o.out.empty() ? o.out : external ? "results/" + external->source + "-" + suite.name
-                                                             : "results/" + utc_now(true);
-  fs::create_directories(out + "/cells");
-  install_interrupt_handler();
-  RendezvousStore store(launch);  // served (rank 0) or reached on first use
-  const bool writer = !external || external->rank == 0;
-  // The writer holds the folder for the whole run: two runs into one folder would mix their reports.
-  std::optional<FolderLock> lock;
-  if (writer) lock.emplace(out);
-  if (external) std::printf("%s\n", external->describe().c_str());
-  // Which incarnation of the ranks this is: torchrun's elastic agent restarts every rank after a
-  // failure, on the same agent store, where the old incarnation's Gloo addresses are still written.
-  // TORCHELASTIC_RESTART_COUNT cannot name a fresh key space (it is per agent: an agent restarted by
-  // another's failure keeps 0), but each restart respawns every rank once, so a counter per rank agrees
-  // across ranks; its value prefixes the cells' keys.
+// Which incarnation of the ranks this is: torchrun's elastic agent restarts every rank after a
+// failure, on the same agent store, where the old incarnation's Gloo addresses are still written.
+// TORCHELASTIC_RESTART_COUNT cannot name a fresh key space (it is per agent: an agent restarted by
+// another's failure keeps 0), but each restart respawns every rank once, so a counter per rank agrees
+// across ranks; its value prefixes the cells' keys.
+int64_t launch_incarnation(const std::optional<Launch>& external, RendezvousStore& store) {
+  if (!external || external->source != "torchrun") return 1;
+  try {
+    return store.add("trainscope/incarnation/" + std::to_string(external->rank), 1);
+  } catch (const std::exception&) {
+    return 1;  // no store (a port taken, rank 0 unreachable): each multi-rank cell fails on it and says why
+  }
+}
+
+// What every cell of one run shares: where it writes, how its ranks were launched.
+struct RunContext {
+  std::string out;
+  std::optional<Launch> external;
+  Launch launch;
+  RendezvousStore* store = nullptr;
   int64_t incarnation = 1;
-  if (external && external->source == "torchrun") {
-    try {
-      incarnation = store.add("trainscope/incarnation/" + std::to_string(external->rank), 1);
-    } catch (const std::exception&) {
-      // No store (a port taken, rank 0 unreachable): each multi-rank cell fails on it and says why.
+  bool writer = true;  // this process writes the files (not a rank other than 0 of an external launch)
+  std::string restart() const { return std::to_string(incarnation); }
+};
+
+// One repetition of a cell: its ranks through the rendezvous, or one isolated process.
+json run_repetition(const suites::Cell& c, size_t index, int rep, const std::string& device, const std::string& rstem,
+                    const RunContext& x) {
+  const json config = c.config.to_json();
+  if (c.config.world_size <= 1) return run_isolated(c.name, config, device, rstem, c.config.timeout_s);
+  const std::string prefix = "trainscope/" + x.restart() + "/cell" + std::to_string(index) + "/rep" + std::to_string(rep) + "/";
+  try {
+    json run = run_ranks(c.name, config, device, rstem, c.config.timeout_s, x.launch, *x.store, prefix);
+    // Ran by ranks torchrun restarted after a failure: the cell says how many times.
+    if (x.incarnation > 1) run["launch_restarts"] = x.incarnation - 1;
+    return run;
+  } catch (const std::exception& e) {
+    // The rendezvous itself failed (a port taken, rank 0 unreachable): this cell says so, the report
+    // keeps it and the suite goes on.
+    const std::string what = e.what();
+    json run = cell_without_metrics(c.name, config, device, "failed", what.substr(0, what.find('\n')));
+    if (x.writer) reports::write_json_atomic(rstem + ".json", run);
+    return run;
+  }
+}
+
+// Every repetition of a cell, each in its own process (and files of its own; the first keeps the
+// cell's stem), merged into the cell's result. `own_failure`: a repetition this process ran failed.
+json run_repetitions(const suites::Cell& c, size_t index, int repeat, const std::string& device, const std::string& stem,
+                     const RunContext& x, bool& own_failure) {
+  std::vector<json> runs;
+  for (int rep = 0; rep < repeat && !interrupted(); ++rep) {
+    const std::string rstem = rep == 0 ? stem : stem + ".rep" + std::to_string(rep);
+    runs.push_back(run_repetition(c, index, rep, device, rstem, x));
+    const std::string status = runs.back().value("status", "");
+    own_failure = own_failure || status == "failed" || status == "timeout";
+    if (repeat > 1) {
+      std::printf("%s%s", rep == 0 ? "" : " ", runs.back().value("status", "?").c_str());
+      std::fflush(stdout);
     }
   }
-  const std::string restart = std::to_string(incarnation);
+  if (repeat > 1) std::printf(" -> ");
+  json cell = merge_repetitions(runs);
+  if (x.writer && repeat > 1) {
+    // The first run's own result keeps its name with .rep0; the cell's file becomes the merged one.
+    if (fs::exists(stem + ".json")) fs::copy_file(stem + ".json", stem + ".rep0.json", fs::copy_options::overwrite_existing);
+    reports::write_json_atomic(stem + ".json", cell);
+  }
+  return cell;
+}
 
-  json env = probes::collect_env();
-  if (external)  // which launcher started the ranks: the report names it beside the nodes they ran on
-    env["launch"] = {{"source", external->source}, {"world_size", external->world_size}, {"local_world_size", external->local_world_size},
-                     {"restarts", incarnation - 1}};
-  for (const auto& w : env["warnings"]) std::fprintf(stderr, "warning: %s\n", w.get<std::string>().c_str());
-  const json suite_json = suites::suite_to_json(suite);
-  const std::string report_path = out + "/report.json";
-  std::printf("trainscope %s: suite %s, %zu cell(s) -> %s\n", env["trainscope"]["version"].get<std::string>().c_str(),
-              suite.name.c_str(), cells.size(), report_path.c_str());
+// One cell: skipped (and why), taken from the previous run (--resume), or run. `ran`: it was run here.
+json run_cell(const suites::Cell& c, size_t index, const RunOptions& o, int repeat, const RunContext& x, bool& own_failure,
+              std::string& note, bool& ran) {
+  const std::string device = suites::resolve_device(c.config.device);
+  const json config = c.config.to_json();
+  const std::string stem = x.out + "/cells/" + file_stem(c.name);
+  std::string why = suites::unsupported_reason(c.config, device);
+  if (why.empty() && (c.config.world_size > 1 || x.external)) why = launch_reason(c.config, x.external, o.nproc);
+  json cell;
+  ran = false;
+  if (!why.empty()) {
+    cell = cell_without_metrics(c.name, config, device, "skipped", why);
+    if (x.writer) reports::write_json_atomic(stem + ".json", cell);
+  } else if (o.resume && x.writer && !x.external && reusable(stem + ".json", config, cell)) {
+    note = " (from the previous run)";
+  } else {
+    cell = run_repetitions(c, index, repeat, device, stem, x, own_failure);
+    ran = true;
+  }
+  if (x.writer && c.config.trace && cell.value("status", "") != "skipped")
+    write_cell_trace(x.out, stem, static_cast<int>(c.config.world_size));
+  return cell;
+}
+
+// The line that ends a cell's progress line: its status and time, the run's elapsed time and what is left.
+void print_cell_end(const json& cell, const std::string& note, double elapsed, double ran_s, int ran, size_t left) {
+  const std::string eta = ran > 0 && left > 0 ? ", ~" + format_seconds(ran_s / ran * static_cast<double>(left)) + " left" : "";
+  std::printf("%s%s%s (elapsed %s%s)\n", cell["status"].get<std::string>().c_str(),
+              cell.contains("wall_s") ? (" in " + format_seconds(cell["wall_s"].get<double>())).c_str() : "",
+              note.c_str(), format_seconds(elapsed).c_str(), eta.c_str());
+  if (cell["status"] != "ok" && cell["status"] != "skipped") std::printf("      %s\n", cell["reason"].get<std::string>().c_str());
   std::fflush(stdout);
+}
 
-  std::vector<json> results;
-  bool own_failure = false;  // a cell this rank's process ran failed or timed out
-  const std::string written_key = "trainscope/" + restart + "/report-written";
-  const auto start = std::chrono::steady_clock::now();
-  double ran_s = 0;
-  int ran = 0;
-  for (size_t i = 0; i < cells.size() && !interrupted(); ++i) {
-    const auto& c = cells[i];
-    const std::string device = suites::resolve_device(c.config.device);
-    const json config = c.config.to_json();
-    const std::string stem = out + "/cells/" + file_stem(c.name);
-    const std::string ranks = c.config.world_size > 1 ? " x " + std::to_string(c.config.world_size) + " ranks" : "";
-    std::printf("[%zu/%zu] %s on %s%s ... ", i + 1, cells.size(), c.name.c_str(), device.c_str(), ranks.c_str());
-    std::fflush(stdout);
+// A rank other than 0 of an external launch, after the last cell. A failed cell fails this rank too, so
+// that the launcher sees it (torchrun restarts the ranks only when one of them fails), but only once
+// rank 0 has written the report: srun -K1 and torchrun stop every rank when one exits non-zero, and rank
+// 0 must not be stopped mid-write.
+int follower_exit(const RunContext& x, bool own_failure, const std::string& written_key) {
+  std::printf("rank %d: done; rank 0 writes the report\n", x.launch.rank);
+  if (interrupted()) return 130;
+  if (!own_failure) return 0;
+  try {
+    x.store->get(written_key, 120);
+  } catch (const std::exception&) {
+  }
+  return 1;
+}
 
-    json cell;
-    std::string note;
-    std::string why = suites::unsupported_reason(c.config, device);
-    if (why.empty() && (c.config.world_size > 1 || external)) why = launch_reason(c.config, external, o.nproc);
-    if (!why.empty()) {
-      cell = cell_without_metrics(c.name, config, device, "skipped", why);
-      if (writer) reports::write_json_atomic(stem + ".json", cell);
-    } else if (o.resume && writer && !external && reusable(stem + ".json", config, cell)) {
-      note = " (from the previous run)";
-    } else {
-      // Each repetition in its own process (and files of its own); the first keeps the cell's stem.
-      std::vector<json> runs;
-      for (int rep = 0; rep < suite.repeat && !interrupted(); ++rep) {
-        const std::string rstem = rep == 0 ? stem : stem + ".rep" + std::to_string(rep);
-        json run;
-        if (c.config.world_size > 1) {
-          const std::string prefix =
-              "trainscope/" + restart + "/cell" + std::to_string(i) + "/rep" + std::to_string(rep) + "/";
-          try {
-            run = run_ranks(c.name, config, device, rstem, c.config.timeout_s, launch, store, prefix);
-            // Ran by ranks torchrun restarted after a failure: the cell says how many times.
-            if (incarnation > 1) run["launch_restarts"] = incarnation - 1;
-          } catch (const std::exception& e) {
-            // The rendezvous itself failed (a port taken, rank 0 unreachable): this cell says so, the
-            // report keeps it and the suite goes on.
-            const std::string what = e.what();
-            run = cell_without_metrics(c.name, config, device, "failed", what.substr(0, what.find('\n')));
-            if (writer) reports::write_json_atomic(rstem + ".json", run);
-          }
-        } else {
-          run = run_isolated(c.name, config, device, rstem, c.config.timeout_s);
-        }
-        runs.push_back(run);
-        const std::string status = run.value("status", "");
-        own_failure = own_failure || status == "failed" || status == "timeout";
-        if (suite.repeat > 1) {
-          std::printf("%s%s", rep == 0 ? "" : " ", run.value("status", "?").c_str());
-          std::fflush(stdout);
-        }
-      }
-      if (suite.repeat > 1) std::printf(" -> ");
-      cell = merge_repetitions(runs);
-      if (writer && suite.repeat > 1) {
-        // The first run's own result keeps its name with .rep0; the cell's file becomes the merged one.
-        if (fs::exists(stem + ".json")) fs::copy_file(stem + ".json", stem + ".rep0.json", fs::copy_options::overwrite_existing);
-        reports::write_json_atomic(stem + ".json", cell);
-      }
-      ran_s += cell.value("wall_s", 0.0);
-      ++ran;
-    }
-    if (writer && c.config.trace && cell.value("status", "") != "skipped")
-      write_cell_trace(out, stem, static_cast<int>(c.config.world_size));
-    if (writer) {
-      results.push_back(cell);
-      reports::write_json_atomic(report_path, reports::make_report(env, suite_json, results));
-    }
-
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const size_t left = cells.size() - i - 1;
-    std::string eta = ran > 0 && left > 0 ? ", ~" + format_seconds(ran_s / ran * static_cast<double>(left)) + " left" : "";
-    std::printf("%s%s%s (elapsed %s%s)\n", cell["status"].get<std::string>().c_str(),
-                cell.contains("wall_s") ? (" in " + format_seconds(cell["wall_s"].get<double>())).c_str() : "",
-                note.c_str(), format_seconds(elapsed).c_str(), eta.c_str());
-    if (cell["status"] != "ok" && cell["status"] != "skipped")
-      std::printf("      %s\n", cell["reason"].get<std::string>().c_str());
-    std::fflush(stdout);
-  }
-  if (!writer) {
-    std::printf("rank %d: done; rank 0 writes the report\n", launch.rank);
-    if (interrupted()) return 130;
-    if (!own_failure) return 0;
-    // A failed cell fails this rank too, so that the launcher sees it (torchrun restarts the ranks only
-    // when one of them fails), but only once rank 0 has written the report: srun -K1 and torchrun stop
-    // every rank when one exits non-zero, and rank 0 must not be stopped mid-write.
-    try {
-      store.get(written_key, 120);
-    } catch (const std::exception&) {
-    }
-    return 1;
-  }
-
-  json frontier;
-  if (!interrupted() && (!suite.frontier.is_null() || o.frontier)) {
-    json spec = suite.frontier.is_null() ? json{{"budget", "none"}, {"steps", 3}, {"start", 8}, {"limit", 4096},
-                                                {"models", json::array()}}
-                                         : suite.frontier;
-    const std::string budget = o.memory_budget.empty() ? spec["budget"].get<std::string>() : o.memory_budget;
-    if (budget == "none") throw UsageError("the frontier needs a budget: [frontier] budget in the suite, or --memory-budget");
-    frontier = run_frontier(spec, cells, budget, out, external, o.nproc, launch, store);
-  }
-  const json report = reports::make_report(env, suite_json, results, frontier);
-  reports::write_json_atomic(report_path, report);
-  reports::write_renderings(report, out);  // report.md and report.html beside it
-  if (external) {
-    try {
-      store.set(written_key, "1");  // the other ranks may now exit, failed ones with 1
-    } catch (const std::exception&) {
-    }
-  }
-  const std::string summary = reports::render_summary(report);
-  std::printf("\n%s\nreport: %s\n", summary.c_str(), report_path.c_str());
-  if (interrupted()) {
-    std::printf("interrupted: %zu of %zu cells recorded; rerun with --resume --out %s to finish\n",
-                results.size(), cells.size(), out.c_str());
-    return 130;
-  }
+// The run's exit status from its report: 1 when a cell failed (other than one its suite expects to go
+// wrong) or when every cell was skipped, 0 otherwise.
+int run_exit_status(const json& report, const std::vector<json>& results) {
   bool any_ran = false;
   for (const auto& c : results) {
     // A cell its suite expects to go wrong (a pitfall's `wrong` cell, an [expect] entry) shows the
@@ -598,6 +567,95 @@ int run_suite(const RunOptions& o) {
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+int run_suite(const RunOptions& o) {
+  suites::Suite suite;
+  const std::vector<suites::Cell> cells = prepare_suite(o, suite);
+  RunContext x;
+  x.external = detect_launch(process_env());
+  x.launch = x.external ? *x.external : Launch{};
+  // Every rank of an external launch names the same folder: rank 0's default, without a clock.
+  x.out = !o.out.empty() ? o.out : x.external ? "results/" + x.external->source + "-" + suite.name : "results/" + utc_now(true);
+  const std::string& out = x.out;
+  fs::create_directories(out + "/cells");
+  install_interrupt_handler();
+  RendezvousStore store(x.launch);  // served (rank 0) or reached on first use
+  x.store = &store;
+  x.writer = !x.external || x.external->rank == 0;
+  // The writer holds the folder for the whole run: two runs into one folder would mix their reports.
+  std::optional<FolderLock> lock;
+  if (x.writer) lock.emplace(out);
+  if (x.external) std::printf("%s\n", x.external->describe().c_str());
+  x.incarnation = launch_incarnation(x.external, store);
+
+  json env = probes::collect_env();
+  if (x.external)  // which launcher started the ranks: the report names it beside the nodes they ran on
+    env["launch"] = {{"source", x.external->source}, {"world_size", x.external->world_size},
+                     {"local_world_size", x.external->local_world_size}, {"restarts", x.incarnation - 1}};
+  for (const auto& w : env["warnings"]) std::fprintf(stderr, "warning: %s\n", w.get<std::string>().c_str());
+  const json suite_json = suites::suite_to_json(suite);
+  const std::string report_path = out + "/report.json";
+  std::printf("trainscope %s: suite %s, %zu cell(s) -> %s\n", env["trainscope"]["version"].get<std::string>().c_str(),
+              suite.name.c_str(), cells.size(), report_path.c_str());
+  std::fflush(stdout);
+
+  std::vector<json> results;
+  bool own_failure = false;  // a cell this rank's process ran failed or timed out
+  const std::string written_key = "trainscope/" + x.restart() + "/report-written";
+  const auto start = std::chrono::steady_clock::now();
+  double ran_s = 0;
+  int ran = 0;
+  for (size_t i = 0; i < cells.size() && !interrupted(); ++i) {
+    const auto& c = cells[i];
+    const std::string ranks = c.config.world_size > 1 ? " x " + std::to_string(c.config.world_size) + " ranks" : "";
+    std::printf("[%zu/%zu] %s on %s%s ... ", i + 1, cells.size(), c.name.c_str(), suites::resolve_device(c.config.device).c_str(),
+                ranks.c_str());
+    std::fflush(stdout);
+    std::string note;
+    bool was_run = false;
+    const json cell = run_cell(c, i, o, suite.repeat, x, own_failure, note, was_run);
+    if (was_run) {
+      ran_s += cell.value("wall_s", 0.0);
+      ++ran;
+    }
+    if (x.writer) {
+      results.push_back(cell);
+      reports::write_json_atomic(report_path, reports::make_report(env, suite_json, results));
+    }
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    print_cell_end(cell, note, elapsed, ran_s, ran, cells.size() - i - 1);
+  }
+  if (!x.writer) return follower_exit(x, own_failure, written_key);
+
+  json frontier;
+  if (!interrupted() && (!suite.frontier.is_null() || o.frontier)) {
+    json spec = suite.frontier.is_null() ? json{{"budget", "none"}, {"steps", 3}, {"start", 8}, {"limit", 4096},
+                                                {"models", json::array()}}
+                                         : suite.frontier;
+    const std::string budget = o.memory_budget.empty() ? spec["budget"].get<std::string>() : o.memory_budget;
+    if (budget == "none") throw UsageError("the frontier needs a budget: [frontier] budget in the suite, or --memory-budget");
+    frontier = run_frontier(spec, cells, budget, out, x.external, o.nproc, x.launch, store);
+  }
+  const json report = reports::make_report(env, suite_json, results, frontier);
+  reports::write_json_atomic(report_path, report);
+  reports::write_renderings(report, out);  // report.md and report.html beside it
+  if (x.external) {
+    try {
+      store.set(written_key, "1");  // the other ranks may now exit, failed ones with 1
+    } catch (const std::exception&) {
+    }
+  }
+  const std::string summary = reports::render_summary(report);
+  std::printf("\n%s\nreport: %s\n", summary.c_str(), report_path.c_str());
+  if (interrupted()) {
+    std::printf("interrupted: %zu of %zu cells recorded; rerun with --resume --out %s to finish\n",
+                results.size(), cells.size(), out.c_str());
+    return 130;
+  }
+  return run_exit_status(report, results);
 }
 
 }  // namespace trainscope::runners

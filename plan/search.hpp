@@ -20,7 +20,8 @@ struct PlanRequest {
   int64_t global_tokens = 0;        // tokens per optimizer step; 0: 2^20 rounded to whole sequences per rank
   double headroom = 0.10;           // fraction of device memory kept free
   std::map<std::string, std::string> fixed;  // axis -> value: precision, parallel, checkpoint, attention, batch_size;
-                                             // settings not searched: reduce_dtype, reshard_after_forward
+                                             // settings not searched: reduce_dtype, reshard_after_forward,
+                                             // cross_entropy
 };
 
 // The CUDA caching allocator's peak reserved over its peak allocated, for the candidates' reserved

@@ -10,7 +10,6 @@ namespace trainscope::plan {
 
 namespace {
 
-
 std::string text_directory() {
   const char* env = std::getenv("TRAINSCOPE_TEXT_DIR");
   return env && *env ? env : "/usr/share/games/fortunes";

@@ -51,6 +51,8 @@ def row(run, c):
         out["mfu"] = c.get("mfu")
         out["bound"] = c["time"]["bound"]
     if run.get("memory_gib"):
+        if run.get("memory_kind") not in ("reserved", "allocated"):
+            raise ValueError(f"{run['id']}: memory_kind must be reserved or allocated, not {run.get('memory_kind')!r}")
         mem = c["memory"]
         predicted = mem["reserved_peak_bytes"] if run["memory_kind"] == "reserved" else mem["peak_bytes"]
         published = run["memory_gib"] * GIB

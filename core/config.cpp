@@ -85,6 +85,9 @@ const std::vector<KeySpec>& config_keys() {
       {"dp_replicate", KeyKind::Int, {}, 1, "layout: copies of the model state (DDP; HSDP's replicas)", 1},
       {"dp_shard", KeyKind::Int, {}, 1, "layout: ranks one copy of the model state is sharded over (FSDP; zero1/2 by parallel)", 1},
       {"tp", KeyKind::Int, {}, 1, "layout: tensor-parallel ranks each layer is split over", 1},
+      {"sequence_parallel", KeyKind::Bool, {}, false,
+       "tp: norms and residuals on sequence shards, each all-reduce as a reduce-scatter and an all-gather (Megatron's "
+       "sequence parallelism; the gathered input of the column-parallel layers kept for backward, as DTensor keeps it)"},
       {"pp", KeyKind::Int, {}, 1, "layout: pipeline stages", 1},
       {"cp", KeyKind::Int, {}, 1, "layout: context-parallel ranks the sequence is split over", 1},
       {"layout", KeyKind::String, {}, "",
@@ -359,6 +362,7 @@ static void for_each_field(Config& c, Visit&& v) {
   v("dp_replicate", c.dp_replicate);
   v("dp_shard", c.dp_shard);
   v("tp", c.tp);
+  v("sequence_parallel", c.sequence_parallel);
   v("pp", c.pp);
   v("cp", c.cp);
   v("layout", c.layout);
@@ -450,6 +454,13 @@ RunConfig RunConfig::from_json(const json& j) {
     const ParallelLayout layout = resolve_layout(c);
     check_layout_fits(layout, model);
     if (const std::string why = layout_unsupported(layout); !why.empty()) throw UsageError(why);
+    if (layout.tp > 1 && model.family != "llama")
+      throw UsageError("tp: this build splits the llama decoder's layers; " + model.family + " is not split yet");
+    if (layout.tp > 1 && c.grad_clip > 0)
+      throw UsageError("grad_clip with tp is not implemented in this build (the norm needs every tp shard's sum)");
+    if (c.sequence_parallel && layout.tp == 1) throw UsageError("sequence_parallel = true splits what tp splits; it needs tp > 1");
+  } else if (c.sequence_parallel) {
+    throw UsageError("sequence_parallel = true splits what tp splits; it needs tp > 1");
   }
   if (c.reduce_dtype != "fp32" && precision_traits(c.precision).master.empty())
     throw UsageError("reduce_dtype = " + c.reduce_dtype + " applies to precisions with fp32 masters (bf16-master), not " + c.precision);

@@ -58,6 +58,7 @@ struct RunConfig {
   int64_t world_size = 1;  // ranks; batch_size is per rank, the global batch is world_size x batch_size
   // The parallel layout's degrees (core/layout.hpp), or all of them at once as `layout` ("dp_shard2-tp2").
   int64_t dp_replicate = 1, dp_shard = 1, tp = 1, pp = 1, cp = 1;
+  bool sequence_parallel = false;  // tp: Megatron's sequence parallelism
   std::string layout;
   std::string backend = "auto";
   double bucket_mb = 25.0;

@@ -29,6 +29,7 @@ struct RunInfo {
   int64_t tokens_per_sample = 0;     // 0 for non-sequence models
   std::string compute_dtype;         // the dtype the GEMMs run in (core/precision.hpp: compute_dtype)
   int64_t rank = 0, world_size = 1;
+  int64_t model_parallel = 1;        // ranks one sample's model is split over (tp x pp x cp)
   std::string collectives;           // how the collectives are implemented ("" on one rank)
 };
 
@@ -44,6 +45,7 @@ struct CollectiveInfo {
   int64_t step = -1;         // -1 outside training steps (set-up)
   double end_s = 0;          // when it completed (steady clock, s), if reported later; 0: now
   std::string level;         // hsdp's groups: "intra-node" or "inter-node" (empty: the whole world)
+  std::string dimension;     // the mesh dimension whose group ran it (tp, dp_shard, ...; empty: none named)
 };
 
 // A fingerprint (64-bit hash) of one RNG stream or state on this rank. `cls` is must-match (equal on

@@ -144,6 +144,7 @@ void check_layout_fits(const ParallelLayout& l, const ModelShape& m) {
     const int64_t ffn = m.family == "llama" ? m.ffn : 4 * m.width;
     if (ffn % l.tp != 0) fail("tp " + n(l.tp) + " does not divide the MLP's " + n(ffn) + " hidden units");
     if (m.vocab % l.tp != 0) fail("tp " + n(l.tp) + " does not divide the vocabulary of " + n(m.vocab));
+    if (m.seq_len % l.tp != 0) fail("tp " + n(l.tp) + " does not divide the sequence of " + n(m.seq_len) + " (sequence parallelism splits it)");
   }
   if (l.cp > 1) {
     if (!m.language_model()) fail("cp splits a decoder's sequence; " + m.family + " models have none");
@@ -156,7 +157,7 @@ void check_layout_fits(const ParallelLayout& l, const ModelShape& m) {
 }
 
 std::string layout_unsupported(const ParallelLayout& l) {
-  for (const char* d : {"tp", "pp", "cp"})
+  for (const char* d : {"pp", "cp"})
     if (l.degree(d) > 1) return std::string(d) + " (layout " + l.name() + ") is not implemented in this build yet";
   if (l.dp_replicate > 1 && l.dp_shard > 1 && l.sharding != "zero3")
     return "dp_replicate x dp_shard shards at zero3 (hsdp); " + l.sharding + " with replicas is not implemented";

@@ -426,6 +426,21 @@ void exposed_comm(const json&, const json& c, json& out) {
   const std::string strategy = cfg.value("parallel", "?"), model = cfg.value("model", "?");
   if (!p["exposed_comm_fraction"].is_number() || !(p["exposed_comm_fraction"].get<double>() > kExposedWarn)) return;
   const double f = p["exposed_comm_fraction"];
+  const json tp_comm = value_at(c, {"metrics", "comm", "dimensions", "tp"});
+  if (tp_comm.is_object()) {
+    // Tensor parallelism's collectives wait for the GEMM before them: on the critical path by design.
+    const double share = tp_comm.value("exposed_comm_time_s", 0.0) / std::max(1e-12, number_at(c, {"metrics", "comm", "exposed_comm_time_s"}));
+    out.push_back(rec("parallel.exposed-comm", "warn",
+                      model + "/" + c["layout"].value("name", strategy) + ": exposed communication is " + format_fixed(100 * f, 0) +
+                          "% of the step" + at_ranks(cfg) + ", " + format_fixed(100 * share, 0) +
+                          "% of it tp's (each row-parallel layer's all-reduce, or sequence parallelism's reduce-scatter and "
+                          "all-gather, waits for its GEMM): keep tp inside a node's fastest links, or trade tp for dp_shard where "
+                          "the memory allows",
+                      {{"exposed_comm_fraction", f}, {"overlap", p["overlap"]}, {"tp_exposed_comm_time_s", tp_comm["exposed_comm_time_s"]},
+                       {"threshold", kExposedWarn}},
+                      {c["name"]}));
+    return;
+  }
   const std::string remedy = strategy == "zero3" || strategy == "hsdp"
                                  ? (cfg.value("prefetch", true)
                                         ? "prefetch is on: fewer, larger units (whole stages) or a faster link"

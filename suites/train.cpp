@@ -194,6 +194,17 @@ Trainer::Trainer(const RunConfig& config, const std::string& device, Communicato
   model_->set_boundary([this](const std::string& block, torch::Tensor x) { return boundary(block, std::move(x)); });
   const ParallelLayout layout = resolve_layout(config);
   mesh_ = std::make_unique<Mesh>(layout.world() > 1 || layout.shard_by_host ? comm : nullptr, layout);
+  dp_size_ = mesh_->layout().dp();
+  dp_rank_ = mesh_->coordinate("dp_replicate") * mesh_->layout().dp_shard + mesh_->coordinate("dp_shard");
+  if (mesh_->layout().tp > 1) {
+    // Every rank built the whole model from one seed; it keeps its shards (TP-invariant initialisation).
+    TensorParallel tp;
+    tp.group = mesh_->group("tp");
+    tp.rank = mesh_->coordinate("tp");
+    tp.degree = mesh_->layout().tp;
+    tp.sequence = config.sequence_parallel;
+    model_->set_tensor_parallel(tp);
+  }
   ParamPolicy params;
   params.master = mode_.master;
   params.compute = mode_.param_dtype;
@@ -238,6 +249,7 @@ RunInfo Trainer::info() const {
   r.recompute_flops_per_sample = model_->recompute_flops_per_sample();
   r.rank = rank_;
   r.world_size = world_;
+  r.model_parallel = mesh_->layout().tp * mesh_->layout().pp * mesh_->layout().cp;
   if (Communicator* c = strategy_->comm()) r.collectives = c->implementation();
   return r;
 }
@@ -268,13 +280,13 @@ void Trainer::set_lr(double lr) {
 // random horizontal flips when `augment` is on (`flips` gets the draws).
 Batch Trainer::rank_batch(int64_t step, torch::Tensor* flips) {
   const int64_t B = config_.batch_size;
-  Batch b = data_->train_batch(step, B * world_);
+  Batch b = data_->train_batch(step, B * dp_size_);
   if (parity_) {
     parity_->inputs.push_back(b.input.to(torch::kCPU).clone());
     parity_->targets.push_back(b.target.to(torch::kCPU).clone());
   }
-  if (world_ > 1) {
-    const int64_t slice = config_.inject == "same-data-seed" ? 0 : rank_;
+  if (dp_size_ > 1) {
+    const int64_t slice = config_.inject == "same-data-seed" ? 0 : dp_rank_;
     b.input = b.input.narrow(0, slice * B, B);
     b.target = b.target.narrow(0, slice * B, B);
   }
@@ -290,7 +302,7 @@ Batch Trainer::rank_batch(int64_t step, torch::Tensor* flips) {
 // from, and what this rank's data stream produced.
 void Trainer::fingerprints(int64_t step, const Batch& batch, const torch::Tensor& flips, Hooks& hooks) {
   auto emit = [&](const char* stream, const char* cls, uint64_t v) { hooks.fingerprint(Fingerprint{stream, cls, step, v}); };
-  emit(step == 0 ? "initial-weights" : "parameters", "must-match", strategy_->parameter_fingerprint());
+  emit(step == 0 ? "initial-weights" : "parameters", "must-match", parameter_fingerprint());
   if (strategy_->comm()) hooks.parameter_spread(step, strategy_->parameter_spread());
   at::Tensor cpu_state;
   {
@@ -316,7 +328,10 @@ void Trainer::fingerprints(int64_t step, const Batch& batch, const torch::Tensor
     std::lock_guard<std::mutex> lock(augment_gen_.mutex());
     emit("augmentation", "should-differ", fingerprint(augment_gen_.get_state()));
   }
-  emit("data-samples", "should-differ", fingerprint(batch.target, fingerprint(batch.input)));
+  // The tp ranks of one data-parallel slice share its samples by design: each tp coordinate's ranks are
+  // told apart (the value is keyed on it), so that only data-parallel ranks seeing the same data collide.
+  const int64_t shared = model_->tensor_parallel().rank;
+  emit("data-samples", "should-differ", fingerprint(batch.target, fingerprint(batch.input, 1469598103934665603ULL + shared)));
   if (flips.defined()) emit("augmentation", "should-differ", fingerprint(flips));
 }
 
@@ -325,15 +340,15 @@ torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
   si.step = step;
   si.measured = step >= config_.warmup_steps;
   si.samples = config_.batch_size;
-  if (Communicator* c = strategy_->comm()) c->set_step(step);
+  if (Communicator* c = mesh_->world()) c->set_step(step);  // every group of the mesh reports at its step
   torch::Tensor flips;
   Batch batch = rank_batch(step, &flips);  // data time is not part of the step
   if (hooks.wants_fingerprints(step)) {
     // The probe's own collectives (zero3 gathers its shards to fingerprint them) are not the step's
     // communication: they are recorded as outside the steps.
-    if (Communicator* c = strategy_->comm()) c->set_step(-1);
+    if (Communicator* c = mesh_->world()) c->set_step(-1);
     fingerprints(step, batch, flips, hooks);
-    if (Communicator* c = strategy_->comm()) c->set_step(step);
+    if (Communicator* c = mesh_->world()) c->set_step(step);
   }
   batch.input = batch.input.to(device_, /*non_blocking=*/true);
   if (batch.input.is_floating_point()) batch.input = batch.input.to(mode_.param_dtype);
@@ -410,10 +425,8 @@ torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
   si.loss = loss.detach();
   hooks.step_end(si);
   current_step_ = -1;
-  if (Communicator* c = strategy_->comm()) {
-    c->flush();  // the step's bucket collectives, once the device clock has them
-    c->set_step(-1);
-  }
+  if (Communicator* c = strategy_->comm()) c->flush();  // the step's bucket collectives, once the device clock has them
+  if (Communicator* c = mesh_->world()) c->set_step(-1);
   return si.loss;
 }
 
@@ -428,7 +441,7 @@ std::vector<torch::Tensor> Trainer::full_parameters() {
   return model_->parameters();
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> Trainer::final_parameters() {
+std::vector<std::pair<std::string, torch::Tensor>> Trainer::local_parameters() {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   const auto named = model_->named_parameters();
   if (mode_.master) {  // the fp32 masters the optimizer stepped, not their bf16 casts
@@ -439,6 +452,27 @@ std::vector<std::pair<std::string, torch::Tensor>> Trainer::final_parameters() {
   strategy_->materialize();
   for (const auto& item : named) out.emplace_back(item.key(), item.value().detach().to(torch::kCPU).clone());
   return out;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Trainer::final_parameters() {
+  std::vector<std::pair<std::string, torch::Tensor>> out = local_parameters();
+  const TensorParallel& tp = model_->tensor_parallel();
+  if (!tp.active()) return out;
+  for (auto& [name, t] : out)  // the tp ranks' shards joined (a collective over the tp group)
+    if (const int64_t dim = model_->tensor_parallel_dim(name); dim >= 0) t = tensor_parallel::unshard(t, dim, tp);
+  return out;
+}
+
+// The strategy's fingerprint of this rank's parameters; under tensor parallelism the tp ranks' ones
+// chained in tp order, so that every rank holding the same shards of the same model gives one value.
+uint64_t Trainer::parameter_fingerprint() {
+  const uint64_t mine = strategy_->parameter_fingerprint();
+  const TensorParallel& tp = model_->tensor_parallel();
+  if (!tp.active()) return mine;
+  torch::Tensor all = torch::zeros({tp.degree}, torch::kLong);
+  all[tp.rank] = static_cast<int64_t>(mine);
+  tp.group->all_reduce(all, /*average=*/false, /*record=*/false);
+  return fingerprint(all);
 }
 
 std::optional<double> Trainer::evaluate() {

@@ -60,8 +60,9 @@ void save_parameters(const torch::nn::Module& module, const std::string& path);
 
 class Trainer {
  public:
-  // comm: the rank's communicator (null for a single process). Each rank trains on its slice of the
-  // global batch (world_size x batch_size samples), so N ranks see what one process would.
+  // comm: the rank's communicator (null for a single process). Each data-parallel rank trains on its
+  // slice of the global batch (dp x batch_size samples; the tp ranks of one slice share it), so N ranks
+  // see what one process would.
   Trainer(const RunConfig& config, const std::string& device, Communicator* comm = nullptr);
   RunInfo info() const;
   // One optimizer step (batch `step` of the data stream); returns the loss tensor (not synchronised).
@@ -99,6 +100,8 @@ class Trainer {
   void set_lr(double lr);
   Batch rank_batch(int64_t step, torch::Tensor* flips);
   void fingerprints(int64_t step, const Batch& batch, const torch::Tensor& flips, Hooks& hooks);
+  uint64_t parameter_fingerprint();
+  std::vector<std::pair<std::string, torch::Tensor>> local_parameters();  // this rank's, tp shards as they are
 
   RunConfig config_;
   torch::Device device_;
@@ -112,6 +115,7 @@ class Trainer {
   std::vector<torch::Tensor> opt_params_;  // what the optimizer owns: the parameters, or this rank's shards
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   int rank_ = 0, world_ = 1;
+  int64_t dp_rank_ = 0, dp_size_ = 1;  // this rank's slice of the global batch: its data-parallel coordinate
   at::Generator augment_gen_;
   std::unique_ptr<GradScaler> scaler_;
   std::unique_ptr<Fp16WeightRounding> weight_rounding_;

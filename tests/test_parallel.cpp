@@ -326,7 +326,7 @@ layout = "dp_shard2"
 }
 
 // A layout that cannot run is one line and exit 2 before any rank starts: degrees whose product is not
-// the world size, a degree the model cannot take, a dimension this build does not implement.
+// the world size, a degree the model cannot take, a dimension (or a model under tp) this build does not implement.
 TEST(Parallel, BadLayoutsAreOneLineErrors) {
   for (const auto& [sets, says] : std::vector<std::pair<std::string, std::string>>{
            {"--set dp_shard=2 --set world_size=4", "needs 2 ranks"},
@@ -334,7 +334,8 @@ TEST(Parallel, BadLayoutsAreOneLineErrors) {
            {"--set layout=dp2", "expected dimensions joined by '-'"},
            {"--set parallel=zero3 --set dp_replicate=2 --set world_size=4", "means dp_shard4"},
            {"--set layout=dp_shard2 --set dp_shard=4", "has dp_shard 2, but dp_shard = 4"},
-           {"--set tp=2", "tp (layout tp2) is not implemented"}}) {
+           {"--set tp=2", "gpt is not split yet"},
+           {"--set pp=2", "pp (layout pp2) is not implemented"}}) {
     const Result r = ts("run --suite quick --filter gpt-tiny/32-true --nproc 4 --out " + tmp("bad-layout") + " " + sets);
     EXPECT_EQ(r.code, 2) << sets << "\n" << r.out;
     EXPECT_NE(r.out.find(says), std::string::npos) << sets << "\n" << r.out;

@@ -38,7 +38,7 @@ void CommProbe::optimizer_end(const StepInfo& s) {
 }
 
 void CommProbe::collective(const CollectiveInfo& c) {
-  const Key key{c.level, c.op, c.bytes};
+  const Key key{c.dimension, c.level, c.op, c.bytes};
   if (c.step < warmup_) {
     if (c.step < 0) {
       auto& g = setup_[key];
@@ -55,6 +55,11 @@ void CommProbe::collective(const CollectiveInfo& c) {
     level_comm_[c.level] += c.seconds;
     level_exposed_[c.level] += c.exposed_s;
   }
+  if (!c.dimension.empty()) {
+    dim_comm_[c.dimension] += c.seconds;
+    dim_exposed_[c.dimension] += c.exposed_s;
+    dim_bytes_[c.dimension] += static_cast<double>(c.bytes);
+  }
   g.time_s += c.seconds;
   comm_[c.step] += c.seconds;
   exposed_[c.step] += c.exposed_s;
@@ -64,7 +69,7 @@ json CommProbe::section() const {
   auto rows = [&](const std::map<Key, Group>& groups) {
     json out = json::array();
     for (const auto& [key, g] : groups) {
-      const auto& [level, op, bytes] = key;
+      const auto& [dimension, level, op, bytes] = key;
       const double t = g.time_s / static_cast<double>(g.count);
       const double algbw = t > 0 ? static_cast<double>(bytes) / t / 1e9 : 0.0;
       json row{{"op", op},
@@ -77,6 +82,7 @@ json CommProbe::section() const {
         row["level"] = level;
         row["group_size"] = g.ranks;
       }
+      if (!dimension.empty()) row["dimension"] = dimension;
       out.push_back(row);
     }
     return out;
@@ -99,6 +105,14 @@ json CommProbe::section() const {
     for (const auto& [level, t] : level_comm_)
       levels[level] = {{"comm_time_s", t / steps}, {"exposed_comm_time_s", level_exposed_.at(level) / steps}};
     j["levels"] = levels;
+  }
+  // Per mesh dimension (tp's collectives apart from the data-parallel ones): time and bytes per measured step.
+  if (!dim_comm_.empty()) {
+    json dims = json::object();
+    for (const auto& [dim, t] : dim_comm_)
+      dims[dim] = {{"comm_time_s", t / steps}, {"exposed_comm_time_s", dim_exposed_.at(dim) / steps},
+                   {"bytes", dim_bytes_.at(dim) / steps}};
+    j["dimensions"] = dims;
   }
   // overlap = 1 - exposed / total; with no communication there is nothing to overlap.
   j["overlap"] = comm > 0 ? json(1.0 - exposed / comm) : json(nullptr);

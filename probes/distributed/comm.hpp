@@ -31,13 +31,14 @@ class CommProbe : public Probe {
     int64_t count = 0, ranks = 1;
     double time_s = 0;
   };
-  using Key = std::tuple<std::string, std::string, int64_t>;  // (level, op, bytes)
+  using Key = std::tuple<std::string, std::string, std::string, int64_t>;  // (dimension, level, op, bytes)
   RunInfo info_;
   int64_t warmup_ = 0;
   std::map<Key, Group> groups_;  // measured steps
   std::map<Key, Group> setup_;   // outside steps: initial broadcast, final gather
   std::map<int64_t, double> comm_, exposed_;                  // per measured step
   std::map<std::string, double> level_comm_, level_exposed_;  // per level, measured steps
+  std::map<std::string, double> dim_comm_, dim_exposed_, dim_bytes_;  // per mesh dimension, measured steps
   std::vector<double> step_wall_;
   double step_start_ = 0;
 };

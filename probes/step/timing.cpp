@@ -168,10 +168,12 @@ json TimingProbe::section() const {
   // Every measured step, so that a comparison can test distributions and not only percentiles.
   j["samples_s"] = {{"step", step}, {"forward", fwd}, {"backward", bwd}, {"optimizer", opt}};
   j["clock"] = clock_ ? clock_->kind() : "none";
-  // Global throughput: every rank steps in lockstep on its own slice of the global batch. FLOP/s are
-  // global too; MFU divides by the peak of all the devices (the per-device peak x ranks).
+  // Global throughput: every data-parallel rank steps in lockstep on its own slice of the global batch,
+  // which the model-parallel ranks of that slice share (each device's share: 1/model_parallel of it).
+  // FLOP/s are global too; MFU divides by the peak of all the devices (the per-device peak x ranks).
   const double world = static_cast<double>(std::max<int64_t>(info_.world_size, 1));
-  const double per_device = st.count > 0 && st.mean > 0 ? samples_per_step_ / st.mean : std::nan("");
+  const double share = static_cast<double>(samples_per_step_) / static_cast<double>(std::max<int64_t>(info_.model_parallel, 1));
+  const double per_device = st.count > 0 && st.mean > 0 ? share / st.mean : std::nan("");
   const double samples_per_s = per_device * world;
   j["samples_per_s"] = samples_per_s;
   j["samples_per_s_per_device"] = per_device;

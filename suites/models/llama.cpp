@@ -28,12 +28,17 @@ nn::Linear no_bias(int64_t in, int64_t out) { return nn::Linear(nn::LinearOption
 class RmsNormImpl : public nn::Module {
  public:
   RmsNormImpl(int64_t d, double eps) : eps_(eps) { weight = register_parameter("weight", torch::ones({d})); }
-  torch::Tensor forward(const torch::Tensor& x) {
-    const auto input_dtype = x.scalar_type();
-    torch::Tensor h = x.to(torch::kFloat);
+  torch::Tensor forward(const torch::Tensor& x, const TensorParallel& tp = {}) {
+    // On sequence shards each rank's tokens give part of the weight's gradient (summed over the ranks),
+    // and the input passes an identity first, as DTensor's SequenceParallel wraps it: the two gradients
+    // inside the norm add up before the residual's joins them.
+    const torch::Tensor in = tp.sequence ? x.view_as(x) : x;
+    const torch::Tensor w = tp.sequence ? tensor_parallel::replicated(weight, tp) : weight;
+    const auto input_dtype = in.scalar_type();
+    torch::Tensor h = in.to(torch::kFloat);
     const torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
     h = h * torch::rsqrt(variance + eps_);
-    return weight * h.to(input_dtype);
+    return w * h.to(input_dtype);
   }
   torch::Tensor weight;
 
@@ -113,13 +118,15 @@ class LlamaBlock : public nn::Module {
   }
 
   // cos, sin: [1, S, Dh]; mask: the eager path's additive causal mask (undefined for sdpa).
+  // Under tensor parallelism x is [B, S, D] on every rank, or its sequence shard [B, S / tp, D]; the
+  // projections hold this rank's heads and MLP units (tensor_parallel.hpp).
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& mask) {
-    const int64_t B = x.size(0), S = x.size(1);
     const torch::Tensor residual = x;
-    const torch::Tensor normed = input_layernorm_->forward(x);
+    const torch::Tensor normed = tensor_parallel::enter(input_layernorm_->forward(x, tp_), tp_);
+    const int64_t B = normed.size(0), S = normed.size(1);
     const torch::Tensor q = linear(q_proj_, normed).view({B, S, -1, head_dim_}).transpose(1, 2);
-    const torch::Tensor k = linear(k_proj_, normed).view({B, S, -1, head_dim_}).transpose(1, 2);
-    const torch::Tensor v = linear(v_proj_, normed).view({B, S, -1, head_dim_}).transpose(1, 2);
+    const torch::Tensor k = kv_projection(k_proj_, normed).view({B, S, -1, head_dim_}).transpose(1, 2);
+    const torch::Tensor v = kv_projection(v_proj_, normed).view({B, S, -1, head_dim_}).transpose(1, 2);
     // (q * cos) + (rotate_half(q) * sin), in HF's order; the products die with the sum, as Python's do.
     const torch::Tensor q_embed = apply_rotary(q, cos, sin);
     const torch::Tensor k_embed = apply_rotary(k, cos, sin);
@@ -127,7 +134,7 @@ class LlamaBlock : public nn::Module {
     // The attention core: under `selective` it is recomputed in backward (q is its input, k and v its
     // differentiable extras), so its S x S tensors (eager) or the kernel's saved state are not kept.
     const double scaling = std::pow(static_cast<double>(head_dim_), -0.5);
-    const int64_t n_rep = heads_ / kv_heads_;
+    const int64_t n_rep = (heads_ / tp_.degree) / (kv_split() ? kv_heads_ / tp_.degree : 1);
     const bool sdpa = sdpa_;
     std::string* backend = &backend_;
     auto core = [k_embed, v, mask, scaling, n_rep, sdpa, backend, B, S](const torch::Tensor& query) {
@@ -152,20 +159,30 @@ class LlamaBlock : public nn::Module {
     const bool recompute = policy_.kind == CheckpointPolicy::Kind::Selective && is_training() && torch::GradMode::is_enabled();
     const torch::Tensor attn = recompute ? checkpoint(core, q_embed, {k_embed, v}, policy_.restore_rng, policy_.check)
                                          : core(q_embed);
-    const torch::Tensor h = residual + linear(o_proj_, attn);
-    const torch::Tensor normed2 = post_attention_layernorm_->forward(h);
+    const torch::Tensor h = residual + tensor_parallel::leave(linear(o_proj_, attn), tp_);
+    const torch::Tensor normed2 = tensor_parallel::enter(post_attention_layernorm_->forward(h, tp_), tp_);
     const torch::Tensor gate = torch::silu(linear(gate_proj_, normed2));
     const torch::Tensor up = linear(up_proj_, normed2);
-    return h + linear(down_proj_, gate * up);
+    return h + tensor_parallel::leave(linear(down_proj_, gate * up), tp_);
   }
   void set_policy(const CheckpointPolicy& p) { policy_ = p; }
+  void set_tensor_parallel(const TensorParallel& tp) { tp_ = tp; }
+  // Key/value heads split over the tp ranks when tp divides them; otherwise each rank keeps the
+  // projections whole and uses the one head its query heads read (Megatron replicates them so).
+  bool kv_split() const { return kv_heads_ % tp_.degree == 0; }
   const std::string& backend() const { return backend_; }
 
  private:
+  torch::Tensor kv_projection(const nn::Linear& layer, const torch::Tensor& x) const {
+    if (kv_split()) return linear(layer, x);
+    const int64_t head = tp_.rank / (tp_.degree / kv_heads_);
+    return sac_linear(x, tensor_parallel::replicated(layer->weight, tp_).narrow(0, head * head_dim_, head_dim_), {});
+  }
   int64_t heads_, kv_heads_, head_dim_;
   bool sdpa_;
   std::string backend_;
   CheckpointPolicy policy_;
+  TensorParallel tp_;
   RmsNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
   nn::Linear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
   nn::Linear gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
@@ -187,7 +204,7 @@ class Llama : public DecoderModel {
 
   torch::Tensor forward(const torch::Tensor& tokens) override {
     const int64_t S = tokens.size(1);
-    torch::Tensor h = boundary("embed", embed_tokens_->forward(tokens));
+    torch::Tensor h = boundary("embed", tensor_parallel::vocab_embedding(tokens, embed_tokens_->weight, tp_));
     const auto tables = rope_tables(inv_freq_, S, h.scalar_type(), tokens.device());
     const torch::Tensor cos = tables.first, sin = tables.second;
     torch::Tensor mask;  // eager only
@@ -198,8 +215,24 @@ class Llama : public DecoderModel {
                     [&b, cos, sin, mask](const torch::Tensor& in) { return b->forward(in, cos, sin, mask); }, h);
       h = boundary("block" + std::to_string(i), h);
     }
-    const torch::Tensor out = norm_->forward(h);
+    const torch::Tensor out = tensor_parallel::enter(norm_->forward(h, tp_), tp_);
     return boundary("head", p_.tied ? torch::linear(out, embed_tokens_->weight) : linear(lm_head_, out));
+  }
+
+  // Column-parallel: q, k and v (by heads), gate, up, and the head and the embedding (by vocabulary);
+  // row-parallel: o and down. Norms stay whole.
+  void set_tensor_parallel(const TensorParallel& tp) override {
+    std::map<std::string, int64_t> dims{{"embed_tokens.weight", 0}};
+    if (!p_.tied) dims["lm_head.weight"] = 0;
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      blocks_[i]->set_tensor_parallel(tp);
+      const std::string b = "block" + std::to_string(i) + ".";
+      for (const char* col : {"q_proj", "gate_proj", "up_proj"}) dims[b + col + ".weight"] = 0;
+      if (blocks_[i]->kv_split())
+        for (const char* col : {"k_proj", "v_proj"}) dims[b + col + ".weight"] = 0;
+      for (const char* row : {"o_proj", "down_proj"}) dims[b + row + ".weight"] = 1;
+    }
+    shard_parameters(dims, tp);
   }
 
   std::vector<torch::nn::Module*> blocks() override {

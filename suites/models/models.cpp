@@ -109,7 +109,27 @@ torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& ta
 
 torch::Tensor ReferenceModel::loss(const Batch& b) {
   const torch::Tensor logits = forward(b.input);
+  if (tp_.active())  // this rank's vocabulary columns: the loss is computed on the shards
+    return tensor_parallel::vocab_cross_entropy(logits.reshape({-1, logits.size(-1)}), b.target.reshape({-1}), tp_);
   return cross_entropy(logits.reshape({-1, logits.size(-1)}), b.target.reshape({-1}), cross_entropy_);
+}
+
+void ReferenceModel::set_tensor_parallel(const TensorParallel&) {
+  throw UsageError("tp splits a decoder's attention heads, MLP and vocabulary; this model has none");
+}
+
+int64_t ReferenceModel::tensor_parallel_dim(const std::string& name) const {
+  const auto it = tp_dims_.find(name);
+  return it == tp_dims_.end() ? -1 : it->second;
+}
+
+void ReferenceModel::shard_parameters(const std::map<std::string, int64_t>& dims, const TensorParallel& tp) {
+  tp_ = tp;
+  tp_dims_ = dims;
+  torch::NoGradGuard no_grad;
+  for (auto& item : named_parameters())
+    if (const auto it = dims.find(item.key()); it != dims.end())
+      item.value().set_data(tensor_parallel::shard(item.value().detach(), it->second, tp));
 }
 
 torch::Tensor ReferenceModel::features(const torch::Tensor&) {

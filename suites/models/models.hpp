@@ -7,6 +7,7 @@
 // decoders use core/model_shape.hpp's per-token count on the full-attention convention (torchtitan's),
 // and say the causal one beside it.
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,6 +17,7 @@
 
 #include "core/hooks.hpp"
 #include "core/model_shape.hpp"
+#include "suites/parallel/tensor_parallel.hpp"
 #include "suites/techniques/checkpoint.hpp"
 
 namespace trainscope::suites {
@@ -94,7 +96,18 @@ class ReferenceModel : public torch::nn::Module {
   using BlockWrapper = std::function<torch::Tensor(int64_t index, const BlockFn& body, const torch::Tensor& x)>;
   virtual void set_block_wrapper(BlockWrapper w) { block_wrapper_ = std::move(w); }
 
+  // Tensor parallelism (suites/parallel/tensor_parallel.hpp): keeps this rank's shards of the parameters
+  // and runs the layers split; loss() then takes the vocabulary-sharded logits. UsageError for a model
+  // without layers to split.
+  virtual void set_tensor_parallel(const TensorParallel& tp);
+  const TensorParallel& tensor_parallel() const { return tp_; }
+  // The dimension a parameter is split along across the tp ranks (-1: whole on every rank).
+  int64_t tensor_parallel_dim(const std::string& name) const;
+
  protected:
+  // Replaces each named parameter's data with this rank's block along its dimension.
+  void shard_parameters(const std::map<std::string, int64_t>& dims, const TensorParallel& tp);
+  TensorParallel tp_;
   torch::Tensor boundary(const std::string& block, torch::Tensor x) {
     return boundary_ ? boundary_(block, std::move(x)) : x;
   }
@@ -119,6 +132,7 @@ class ReferenceModel : public torch::nn::Module {
   std::string cross_entropy_ = "eager";
   CheckpointPolicy checkpoint_;
   BlockWrapper block_wrapper_;
+  std::map<std::string, int64_t> tp_dims_;
 };
 
 // The decoders (GPT, Llama): parameters, tokens and FLOPs follow from the shape alone

@@ -68,6 +68,8 @@ class Communicator {
   // Native (`_allgather_base` / `_reduce_scatter_base`) or emulated flat collectives on Gloo.
   void set_native_flat_collectives(bool native) { native_flat_ = native || backend_ == "nccl"; }
   bool native_flat_collectives() const { return native_flat_; }
+  // The mesh dimension this communicator serves (tp, dp_shard, ...): its collectives are reported under it.
+  void set_dimension(std::string dim) { dimension_ = std::move(dim); }
   c10::intrusive_ptr<c10d::ProcessGroup> process_group() const { return pg_; }
 
   // Every collective is reported here with its duration (the communication probe listens).
@@ -76,6 +78,7 @@ class Communicator {
   int64_t step() const { return parent_ ? parent_->step() : step_; }
   void report(CollectiveInfo c) const {
     if (c.level.empty()) c.level = level_;
+    if (c.dimension.empty()) c.dimension = dimension_;
     if (parent_) parent_->report(std::move(c));
     else if (observer_) observer_(c);
   }
@@ -129,6 +132,7 @@ class Communicator {
   Rendezvous rv_;
   const Communicator* parent_ = nullptr;  // a split group reporting through its parent
   std::string level_;
+  std::string dimension_;
   double timeout_s_ = 0;
   int rank_ = 0, world_ = 1;
   std::string backend_;

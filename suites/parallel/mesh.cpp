@@ -32,6 +32,7 @@ Mesh::Mesh(Communicator* world, ParallelLayout layout) : world_(world), layout_(
     const std::vector<int> ranks = members(dim);
     if (static_cast<int64_t>(ranks.size()) == world_->world_size()) {
       groups_[dim] = world_;
+      world_->set_dimension(dim);
       continue;
     }
     settle_hosts();
@@ -39,6 +40,26 @@ Mesh::Mesh(Communicator* world, ParallelLayout layout) : world_(world), layout_(
     for (int r : ranks) one_host = one_host && host_of_[r] == host_of_[ranks.front()];
     owned_[dim] = world_->split(ranks, dim + "-" + std::to_string(ranks.front()), one_host ? "intra-node" : "inter-node");
     groups_[dim] = owned_[dim].get();
+    owned_[dim]->set_dimension(dim);
+  }
+  if (layout_.dp() == 1) return;
+  if (layout_.dp() == world_->world_size()) data_parallel_ = world_;
+  else if (layout_.dp_replicate == 1) data_parallel_ = group("dp_shard");
+  else if (layout_.dp_shard == 1) data_parallel_ = group("dp_replicate");
+  else {
+    // Both data-parallel dimensions under tp, pp or cp: one group over their product (created last, in
+    // the same place of every rank's set-up).
+    std::vector<int> ranks;
+    for (int r : members("dp_replicate")) {
+      const int64_t offset = r - rank_;
+      for (int s : members("dp_shard")) ranks.push_back(static_cast<int>(s + offset));
+    }
+    settle_hosts();
+    bool one_host = true;
+    for (int r : ranks) one_host = one_host && host_of_[r] == host_of_[ranks.front()];
+    owned_["dp"] = world_->split(ranks, "dp-" + std::to_string(ranks.front()), one_host ? "intra-node" : "inter-node");
+    data_parallel_ = owned_["dp"].get();
+    data_parallel_->set_dimension("dp");
   }
 }
 

@@ -28,6 +28,9 @@ class Mesh {
   int64_t coordinate(const std::string& dim) const;
   // The world ranks of this rank's group in `dim`, in order of their coordinate.
   std::vector<int> members(const std::string& dim) const;
+  // The data-parallel group: the ranks that differ from this one in dp_replicate and dp_shard only (one
+  // copy of each model shard per rank of it; nullptr when there is one). The world when tp, pp and cp are 1.
+  Communicator* data_parallel() const { return data_parallel_; }
 
  private:
   int64_t stride(const std::string& dim) const;
@@ -38,6 +41,7 @@ class Mesh {
   std::vector<int> host_of_;
   std::map<std::string, std::unique_ptr<Communicator>> owned_;
   std::map<std::string, Communicator*> groups_;
+  Communicator* data_parallel_ = nullptr;
 };
 
 }  // namespace trainscope::suites

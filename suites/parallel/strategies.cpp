@@ -220,11 +220,11 @@ std::unique_ptr<ParallelStrategy> make_strategy(const Mesh& mesh, double bucket_
   if (const std::string why = layout_unsupported(mesh.layout()); !why.empty()) throw UsageError(why);
   const bool one = s == "single" || !mesh.world();
   if (policy.master && (one || s == "ddp"))  // one process, or FSDP2's replicate: units without a shard group
-    return detail::make_fully_shard(one ? nullptr : mesh.world(), nullptr, one ? nullptr : mesh.group("dp_replicate"), prefetch, policy);
+    return detail::make_fully_shard(one ? nullptr : mesh.data_parallel(), nullptr, one ? nullptr : mesh.group("dp_replicate"), prefetch, policy);
   if (one) return std::make_unique<Single>();
   if (s == "ddp") return detail::make_ddp(mesh.group("dp_replicate"), bucket_mb);
   if (s == "zero1" || s == "zero2") return detail::make_zero12(mesh.group("dp_shard"), s == "zero1" ? 1 : 2, bucket_mb, policy);
-  return detail::make_fully_shard(mesh.world(), mesh.group("dp_shard"), mesh.group("dp_replicate"), prefetch, policy);
+  return detail::make_fully_shard(mesh.data_parallel(), mesh.group("dp_shard"), mesh.group("dp_replicate"), prefetch, policy);
 }
 
 }  // namespace trainscope::suites

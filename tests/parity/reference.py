@@ -14,6 +14,10 @@ Memory is counted the way trainscope counts it: `--accounting` is trainscope's a
 live in CPU tensor storage counted by the same code; model-state bytes are the unique storages behind
 the parameters, gradients and optimizer states (local shards where sharded).
 
+A tensor-parallel cell (config tp > 1, with or without sequence_parallel, alone or under FSDP over the
+data-parallel group) is replayed by DTensor TP on as many ranks and by a one-process emulation of the same
+arithmetic, trainscope's numbers compared against both (tp_ref.py).
+
 Zero and ddp cells get one more row each from the systems people name (`engines`): DeepSpeed's ZeRO
 engine (deepspeed_ref.py) and Lightning's Trainer (lightning_ref.py). An SSL cell's row compares its
 objectives with lightly's losses on the fixed tensors its dump carries (ssl_ref.py). A row whose
@@ -50,6 +54,7 @@ import hf_llama  # noqa: E402
 import deepspeed_ref  # noqa: E402
 import lightning_ref  # noqa: E402
 import ssl_ref  # noqa: E402
+import tp_ref  # noqa: E402
 
 
 def is_llama(cell):
@@ -495,6 +500,14 @@ REFERENCES = {
     "bf16-mixed": "torch.autocast('cpu', dtype=torch.bfloat16)",
     "bf16-true": "the same modules cast to bf16 (model.to(torch.bfloat16)), torch.optim.SGD(foreach=False) on the bf16 parameters",
     "ssl": "lightly's SSL losses on the same tensors",
+    "tp": ("torch.distributed.tensor.parallel.parallelize_module on a DeviceMesh ('tp', or ('dp', 'tp') with tp innermost): "
+           "embedding RowwiseParallel(input_layouts=Replicate()) (vocabulary-parallel), one PrepareModuleInput per "
+           "attention and per MLP, q/k/v and gate/up ColwiseParallel, o_proj and down_proj RowwiseParallel, lm_head "
+           "ColwiseParallel(output_layouts=Shard(-1)) into F.cross_entropy under loss_parallel(); with sequence_parallel "
+           "the norms SequenceParallel and the boundaries on Shard(1); on the 2-D mesh FSDP2 fully_shard per decoder "
+           "layer and at the root on 'dp' after TP (torchtitan's order); gradients to their parameters' placements "
+           "before torch.optim.SGD(foreach=False); beside it, the one-process emulation of the same arithmetic "
+           "(tp_ref.emulate_tp)"),
 }
 
 # bf16-master (fp32 masters, bf16 compute copies, gradients reduced in reduce_dtype): FSDP2's
@@ -532,6 +545,8 @@ def kind_of(cfg):
         return "ssl"
     if cfg.get("precision") in ("16-mixed",):
         return "scaler"
+    if int(cfg.get("tp", 1) or 1) > 1:  # TP alone, or the 2-D row (parallel = zero3 over the dp group)
+        return "tp"
     if cfg.get("parallel", "single") != "single":
         return cfg["parallel"]
     if cfg.get("checkpoint", "none") != "none":
@@ -918,6 +933,14 @@ def row(cell, dump_path, lib):
         if "ssl_losses" not in dump:
             raise InputError("the SSL cell's parity dump has no ssl_losses")
         return ssl_ref.row(cell, dump, dump_path, lib)
+    if kind == "tp":
+        # trainscope against the one-process emulation (bit for bit) and against DTensor TP on world_size
+        # ranks (bit for bit, else within the tolerance tp_ref.tolerance derives), plus model-state bytes
+        out.update(tp_ref.row(cell, dump, dump_path, lib))
+        out["technique"] = "tp" + ("+sp" if cfg.get("sequence_parallel") else "") + (
+            f"/fsdp-dp{cfg.get('dp_shard')}" if int(cfg.get("dp_shard", 1)) > 1 else "")
+        out["verdict"] = "differs" if any(c["verdict"] == "differs" for c in out["checks"]) else "pass"
+        return out
     if kind == "scaler":
         checks += scaler_checks(cell, dump)
     else:

@@ -1,0 +1,163 @@
+#include "suites/parallel/tensor_parallel.hpp"
+
+#include "suites/parallel/comm.hpp"
+
+namespace trainscope::suites::tensor_parallel {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The group travels through autograd's saved data as an address (saved_data holds IValues).
+void keep(AutogradContext* ctx, const TensorParallel& tp) {
+  ctx->saved_data["group"] = reinterpret_cast<int64_t>(tp.group);
+  ctx->saved_data["rank"] = tp.rank;
+  ctx->saved_data["degree"] = tp.degree;
+}
+TensorParallel kept(AutogradContext* ctx) {
+  TensorParallel tp;
+  tp.group = reinterpret_cast<Communicator*>(ctx->saved_data["group"].toInt());
+  tp.rank = ctx->saved_data["rank"].toInt();
+  tp.degree = ctx->saved_data["degree"].toInt();
+  return tp;
+}
+
+torch::Tensor all_reduced(const torch::Tensor& x, const TensorParallel& tp) {
+  torch::Tensor out = x.contiguous().clone();
+  tp.group->all_reduce(out, /*average=*/false);
+  return out;
+}
+
+// [B, s, ...] on each rank -> [B, tp x s, ...], the ranks' blocks in rank order along dim 1.
+torch::Tensor gather_dim1(const torch::Tensor& x, const TensorParallel& tp) {
+  const torch::Tensor shard = x.contiguous();
+  torch::Tensor full = torch::empty({tp.degree * shard.numel()}, shard.options());
+  tp.group->all_gather(full, shard.reshape({-1}));
+  std::vector<int64_t> blocks{tp.degree};
+  for (int64_t d : shard.sizes()) blocks.push_back(d);
+  std::vector<int64_t> out(shard.sizes().begin(), shard.sizes().end());
+  out[1] *= tp.degree;
+  return full.view(blocks).transpose(0, 1).reshape(out);
+}
+
+// [B, S, ...] summed over ranks, this rank's block of S/tp along dim 1.
+torch::Tensor reduce_scatter_dim1(const torch::Tensor& x, const TensorParallel& tp) {
+  TORCH_CHECK(x.size(1) % tp.degree == 0, "sequence parallelism: the sequence does not split into tp blocks");
+  std::vector<int64_t> split{x.size(0), tp.degree, x.size(1) / tp.degree};
+  for (int64_t d = 2; d < x.dim(); ++d) split.push_back(x.size(d));
+  const torch::Tensor blocks = x.reshape(split).transpose(0, 1).contiguous();  // scratch the collective may overwrite
+  std::vector<int64_t> out(x.sizes().begin(), x.sizes().end());
+  out[1] /= tp.degree;
+  torch::Tensor shard = torch::empty({blocks.numel() / tp.degree}, x.options());
+  tp.group->reduce_scatter(shard, blocks.reshape({-1}), /*average=*/false);
+  return shard.view(out);
+}
+
+struct Copy : torch::autograd::Function<Copy> {  // f without sequence parallelism
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TensorParallel tp) {
+    keep(ctx, tp);
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) { return {all_reduced(g[0], kept(ctx)), {}}; }
+};
+
+struct Reduce : torch::autograd::Function<Reduce> {  // g without sequence parallelism
+  static torch::Tensor forward(AutogradContext*, const torch::Tensor& x, TensorParallel tp) { return all_reduced(x, tp); }
+  static variable_list backward(AutogradContext*, variable_list g) { return {g[0], {}}; }
+};
+
+struct GatherSequence : torch::autograd::Function<GatherSequence> {  // f with sequence parallelism
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TensorParallel tp) {
+    keep(ctx, tp);
+    return gather_dim1(x, tp);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) { return {reduce_scatter_dim1(g[0], kept(ctx)), {}}; }
+};
+
+struct ScatterSequence : torch::autograd::Function<ScatterSequence> {  // g with sequence parallelism
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TensorParallel tp) {
+    keep(ctx, tp);
+    return reduce_scatter_dim1(x, tp);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) { return {gather_dim1(g[0], kept(ctx)), {}}; }
+};
+
+// DTensor's loss_parallel (torch/distributed/tensor/parallel/loss.py: _log_softmax, _nll_loss_forward,
+// _nll_loss_and_log_softmax_backward) op for op, so that the same shards give the same bits.
+struct VocabCrossEntropy : torch::autograd::Function<VocabCrossEntropy> {
+  static constexpr int64_t kIgnore = -100;
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits, const torch::Tensor& target, TensorParallel tp) {
+    const torch::Tensor x = logits.to(torch::kFloat).contiguous();
+    torch::Tensor x_max = torch::amax(x, 1, /*keepdim=*/true);
+    tp.group->all_reduce_max(x_max);
+    const torch::Tensor shifted = x - x_max;
+    torch::Tensor sumexp = torch::sum(torch::exp(shifted), 1, /*keepdim=*/true);
+    tp.group->all_reduce(sumexp, /*average=*/false);
+    const torch::Tensor logp = shifted - torch::log(sumexp);
+    // The target's log-probability: gathered where this rank holds the target's column, 0 elsewhere, summed.
+    const int64_t width = x.size(1), first = tp.rank * width;
+    const torch::Tensor safe = torch::where(target != kIgnore, target, 0);
+    const torch::Tensor outside = (safe < first).logical_or(safe >= first + width);
+    const torch::Tensor local = (safe - first).masked_fill(outside, 0);
+    torch::Tensor picked = torch::gather(logp, 1, local.unsqueeze(1)).masked_fill(outside.unsqueeze(1), 0.0);
+    tp.group->all_reduce(picked, /*average=*/false);
+    torch::Tensor result = torch::where(target != kIgnore, -picked.squeeze(1), 0);
+    const torch::Tensor total = (target != kIgnore).sum().to(x);
+    ctx->save_for_backward({logp, local, outside, target, total});
+    return result.sum() / total;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &logp = saved[0], &local = saved[1], &outside = saved[2], &target = saved[3], &total = saved[4];
+    const torch::Tensor go = g[0] / total;
+    torch::Tensor grad = torch::zeros_like(logp);
+    const torch::Tensor rows = torch::arange(local.size(0), local.options());
+    grad.index_put_({rows, local}, outside.to(grad.scalar_type()) - 1.0);
+    const torch::Tensor scale = torch::where(target.unsqueeze(1) != kIgnore, go, 0);
+    return {(grad + torch::exp(logp)) * scale, {}, {}};
+  }
+};
+
+}  // namespace
+
+torch::Tensor shard(const torch::Tensor& full, int64_t dim, const TensorParallel& tp) {
+  return full.chunk(tp.degree, dim)[tp.rank].contiguous().clone();
+}
+
+torch::Tensor unshard(const torch::Tensor& local, int64_t dim, const TensorParallel& tp) {
+  const torch::Tensor x = local.detach().contiguous();
+  torch::Tensor full = torch::empty({tp.degree * x.numel()}, x.options());
+  tp.group->all_gather(full, x.reshape({-1}));
+  std::vector<int64_t> blocks{tp.degree};
+  for (int64_t d : x.sizes()) blocks.push_back(d);
+  std::vector<torch::Tensor> parts = full.view(blocks).unbind(0);
+  return torch::cat(parts, dim);
+}
+
+torch::Tensor enter(const torch::Tensor& x, const TensorParallel& tp) {
+  if (!tp.active()) return x;
+  return tp.sequence ? GatherSequence::apply(x, tp) : Copy::apply(x, tp);
+}
+
+torch::Tensor leave(const torch::Tensor& partial, const TensorParallel& tp) {
+  if (!tp.active()) return partial;
+  return tp.sequence ? ScatterSequence::apply(partial, tp) : Reduce::apply(partial, tp);
+}
+
+torch::Tensor replicated(const torch::Tensor& weight, const TensorParallel& tp) {
+  return tp.active() ? Copy::apply(weight, tp) : weight;
+}
+
+torch::Tensor vocab_embedding(const torch::Tensor& tokens, const torch::Tensor& weight_shard, const TensorParallel& tp) {
+  if (!tp.active()) return torch::embedding(weight_shard, tokens);
+  const int64_t rows = weight_shard.size(0), first = tp.rank * rows;
+  const torch::Tensor outside = (tokens < first).logical_or(tokens >= first + rows);
+  const torch::Tensor local = (tokens - first).masked_fill(outside, 0);
+  return leave(torch::embedding(weight_shard, local).masked_fill(outside.unsqueeze(-1), 0.0), tp);
+}
+
+torch::Tensor vocab_cross_entropy(const torch::Tensor& logits_shard, const torch::Tensor& target, const TensorParallel& tp) {
+  return VocabCrossEntropy::apply(logits_shard, target, tp);
+}
+
+}  // namespace trainscope::suites::tensor_parallel

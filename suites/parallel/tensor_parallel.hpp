@@ -1,0 +1,57 @@
+#pragma once
+// Tensor parallelism (the layout's tp dimension) as Megatron-LM splits a decoder block (Shoeybi et al.
+// 2019, Section 3) and as PyTorch's DTensor plans express it (ColwiseParallel, RowwiseParallel,
+// SequenceParallel, loss_parallel), over the mesh's tp communicator:
+//   column-parallel  q, k, v, gate, up and the output head: each rank holds a block of output rows; their
+//                    input passes `enter` once per attention and once per MLP (Megatron's f: identity
+//                    forward, all-reduce backward; with sequence parallelism an all-gather along the
+//                    sequence forward and a reduce-scatter backward)
+//   row-parallel     o and down: each rank holds a block of input columns; their partial output passes
+//                    `leave` (Megatron's g: all-reduce forward, identity backward; with sequence
+//                    parallelism a reduce-scatter along the sequence forward and an all-gather backward)
+//   vocabulary       the embedding and the head split by vocabulary rows; the loss computed on the
+//                    vocabulary shards without gathering the logits, op for op as DTensor's loss_parallel
+//   replicated       norm weights (and key/value projections when tp exceeds the key/value heads) are
+//                    whole on every rank; where each rank's use gives only part of the gradient (norms on
+//                    sequence shards, key/value heads shared by ranks) the weight passes `replicated`,
+//                    whose backward all-reduces it.
+// Every collective runs inside autograd in the graph's order, which is the same on every rank of the group.
+#include <cstdint>
+
+#include <torch/torch.h>
+
+namespace trainscope::suites {
+
+class Communicator;
+
+struct TensorParallel {
+  Communicator* group = nullptr;  // the tp communicator (null: one rank holds each layer whole)
+  int64_t rank = 0, degree = 1;
+  bool sequence = false;  // sequence parallelism: activations between blocks split along the sequence (dim 1)
+  bool active() const { return degree > 1; }
+};
+
+namespace tensor_parallel {
+
+// This rank's contiguous block of `full` along dim (a copy: the parameter's storage is its own).
+torch::Tensor shard(const torch::Tensor& full, int64_t dim, const TensorParallel& tp);
+// The whole tensor from every rank's block along dim (a collective over the tp group).
+torch::Tensor unshard(const torch::Tensor& local, int64_t dim, const TensorParallel& tp);
+
+// Before a column-parallel layer: Megatron's f (copy, or all-gather along the sequence).
+torch::Tensor enter(const torch::Tensor& x, const TensorParallel& tp);
+// After a row-parallel layer: Megatron's g (all-reduce, or reduce-scatter along the sequence).
+torch::Tensor leave(const torch::Tensor& partial, const TensorParallel& tp);
+// A whole weight whose gradient each rank holds only part of: identity forward, all-reduce backward.
+torch::Tensor replicated(const torch::Tensor& weight, const TensorParallel& tp);
+
+// The vocabulary-parallel embedding: tokens [B, S] against this rank's rows of the table; tokens of
+// other ranks' rows give zeros; then `leave` (the sum over ranks, or its sequence shard).
+torch::Tensor vocab_embedding(const torch::Tensor& tokens, const torch::Tensor& weight_shard, const TensorParallel& tp);
+// Mean cross-entropy of vocabulary-sharded logits [N, V / tp] against targets [N] (values in [0, V)),
+// in fp32: all-reduces of the row max, the sum of exponentials and the target's log-probability;
+// backward (softmax - onehot) / N on the shard, without communication (DTensor's loss_parallel).
+torch::Tensor vocab_cross_entropy(const torch::Tensor& logits_shard, const torch::Tensor& target, const TensorParallel& tp);
+
+}  // namespace tensor_parallel
+}  // namespace trainscope::suites

@@ -878,3 +878,18 @@ TEST(RecommendationRules, DeviceFactsComeFromTheDeviceTable) {
   EXPECT_GE(links, 4);  // H100, H200, two A100s at least
   EXPECT_GE(fractions, 4);
 }
+
+// A tp cell's exposed communication names tp's share of it and tp's remedy, not the buckets' or prefetch's.
+TEST(Rules, ExposedCommunicationUnderTpNamesTpsShare) {
+  json tp = rank_cell("single", 2, 0.12, 800e6, 0.6);
+  tp["layout"] = {{"name", "tp2"}, {"tp", 2}};
+  tp["metrics"]["comm"]["exposed_comm_time_s"] = 0.04;
+  tp["metrics"]["comm"]["dimensions"] = {{"tp", {{"comm_time_s", 0.04}, {"exposed_comm_time_s", 0.03}, {"bytes", 1e6}}}};
+  const std::vector<json> f = findings_of(recommend(make_report(env(), json::object(), {single(), tp})), "parallel.exposed-comm");
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_DOUBLE_EQ(number(f[0], "/tp_exposed_comm_time_s"), 0.03);
+  const std::string text = text_of(f[0]);
+  EXPECT_NE(text.find("gpt-tiny/tp2: exposed communication is 60% of the step"), std::string::npos) << text;
+  EXPECT_NE(text.find("75% of it tp's"), std::string::npos) << text;  // 0.03 of 0.04 s exposed
+  EXPECT_EQ(text.find("bucket"), std::string::npos) << text;
+}

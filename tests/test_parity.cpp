@@ -62,9 +62,9 @@ json* Parity::report_ = nullptr;
 TEST_F(Parity, EveryRowPassesAndTheReportValidates) {
   ASSERT_EQ(result_->code, 0) << result_->out;
   ASSERT_TRUE(report_->contains("parity"));
-  EXPECT_EQ((*report_)["parity"]["cells"], 31);
+  EXPECT_EQ((*report_)["parity"]["cells"], 34);
   // Rows whose reference package is missing are skipped with the reason (none where the set-up ran).
-  EXPECT_EQ((*report_)["parity"]["pass"].get<int>() + (*report_)["parity"].value("skipped", 0), 31);
+  EXPECT_EQ((*report_)["parity"]["pass"].get<int>() + (*report_)["parity"].value("skipped", 0), 34);
   const Result v = validate_report(*out_ + "/report.json");
   EXPECT_EQ(v.code, 0) << v.out;
   std::ifstream md(*out_ + "/report.md");
@@ -499,6 +499,29 @@ TEST_F(Parity, LlamaMatchesHuggingFaceBitForBit) {
   // zero3 against FSDP2 on HF's model: model state per rank exact.
   for (const char* part : {"params", "grads", "optimizer"})
     EXPECT_EQ(check("llama-tiny/zero3", std::string("rank 1 ") + part + " bytes")["verdict"], "exact") << part;
+}
+
+// Tensor parallelism against DTensor (parallelize_module, loss_parallel, SequenceParallel, fully_shard on
+// the 2-D mesh) and against the one-process emulation that adds the partial sums in trainscope's order.
+TEST_F(Parity, TensorParallelMatchesDTensorAndTheEmulationBitForBit) {
+  for (const char* cell : {"llama-tiny/tp2", "llama-tiny/tp2-sp", "llama-tiny/dp_shard2-tp2"}) {
+    if (row(cell).value("verdict", "") == "skipped") GTEST_SKIP() << row(cell).value("reason", "");
+    const std::string reference = row(cell).value("reference", "");
+    for (const char* part : {"parallelize_module", "loss_parallel"})
+      EXPECT_NE(reference.find(part), std::string::npos) << cell << " lacks " << part;
+    for (const auto& k : row(cell)["checks"]) EXPECT_EQ(k["verdict"], "exact") << cell << ": " << k.dump();
+    EXPECT_EQ(check(cell, "parameters after 23 steps: the one-process")["verdict"], "exact") << cell;
+    EXPECT_EQ(check(cell, "parameters after 23 steps: DTensor")["verdict"], "exact") << cell;
+  }
+  // llama-tiny: d 64, 2 layers, 4 heads / 2 KV (head 16), ffn 192, vocab 256, untied head. Ψ = 2·256·64 +
+  // 2·(64·64·2 + 2·64·32 + 3·64·192 + 2·64) + 64 = 131,392; the norms' 320 weights stay whole on every tp
+  // rank, the rest (KV heads divide by 2) is halved; FSDP over dp 2 halves each tp shard again.
+  constexpr int64_t kPsi = 131392, kNorms = 320, kTp2 = 4 * ((kPsi - kNorms) / 2 + kNorms);
+  for (const char* part : {"params", "grads", "optimizer"}) {
+    EXPECT_EQ(check("llama-tiny/tp2", std::string("rank 1 ") + part + " bytes")["trainscope"], kTp2) << part;
+    EXPECT_EQ(check("llama-tiny/tp2-sp", std::string("rank 0 ") + part + " bytes")["trainscope"], kTp2) << part;
+    EXPECT_EQ(check("llama-tiny/dp_shard2-tp2", std::string("rank 3 ") + part + " bytes")["trainscope"], kTp2 / 2) << part;
+  }
 }
 
 // DeepSpeed's stage 3 on HF's Llama is one ulp from trainscope (and from FSDP2, which agree bit for

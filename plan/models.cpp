@@ -43,6 +43,12 @@ std::string replay_unsupported(const ModelShape& m) {
   return "the planner covers mlp, cnn, gpt and llama models; " + m.name + " is a " + m.family;
 }
 
+std::string replay_unsupported(const Replay& r) {
+  if (std::string why = replay_unsupported(r.model); !why.empty()) return why;
+  if (r.tp > 1 && r.model.family != "llama") return "tensor parallelism is replayed for llama models; " + r.model.name + " is a " + r.model.family;
+  return "";
+}
+
 namespace {
 
 // Output element bytes of a binary op: type promotion, which for these dtypes is the wider one.
@@ -155,9 +161,34 @@ struct Net {
     t.transient(x.numel * 2);
     return t.op({&x}, x.numel, x.elem, {}, false, 0, ew(2 * x.bytes()));
   }
+  // ---- tensor parallelism (suites/parallel/tensor_parallel.cpp) ----
+  bool sequence_parallel() const { return r.tp > 1 && r.sequence_parallel; }
+  // Megatron's f: Copy (a view; backward all-reduces the gradient) or, with sequence parallelism, the
+  // all-gather of the sequence shards into a new tensor, which the projections save.
+  T enter(const T& x) {
+    if (!sequence_parallel()) return x;
+    return t.op({&x}, x.numel * r.tp, x.elem, {}, false, 0, ew((r.tp + 1) * x.bytes()));
+  }
+  // Megatron's g after a row-parallel layer: the all-reduce of a clone of the partial sums, or the
+  // reduce-scatter of a contiguous copy (scratch) into this rank's sequence shard.
+  T leave(const T& partial) {
+    if (r.tp == 1) return partial;
+    if (!sequence_parallel()) return t.op({&partial}, partial.numel, partial.elem, {}, false, 0, ew(2 * partial.bytes()));
+    return t.op({&partial}, partial.numel / r.tp, partial.elem, {}, false, 0, ew(3 * partial.bytes()), partial.bytes());
+  }
+  // VocabCrossEntropy (DTensor's loss_parallel) on this rank's [rows, cols] logits: one autograd node
+  // that saves the fp32 log-probabilities (and each row's local target and mask); forward's scratch is
+  // the fp32 copy (unless fp32 already) and the shifted logits beside them; backward's the zeros, the
+  // exponentials and their sum before the scaled gradient it returns (fp32, cast to the logits' dtype).
+  T vocab_loss(const T& logits, int64_t rows, int64_t cols) {
+    const int64_t nc4 = rows * cols * 4, copy = logits.elem == 4 ? 0 : nc4;
+    OpCost cost = act(OpKind::Softmax, logits);
+    return t.op({&logits}, 1, 4, {}, false, nc4 + rows * 9, cost, copy + nc4, 3 * nc4 + (logits.elem == 4 ? 0 : nc4));
+  }
   // ReferenceModel::loss: logits to fp32 at least, cross_entropy = log_softmax (saves its output) +
   // nll_loss; the logits die when loss() returns.
   T loss(const T& logits, int64_t rows, int64_t classes) {
+    if (r.tp > 1) return vocab_loss(logits, rows, classes / r.tp);
     if (r.cross_entropy == "fused") return fused_loss(logits, rows, classes);
     const T l32 = cast(logits, std::max(4, logits.elem));
     const T logp = t.op({&l32}, rows * classes, l32.elem, {}, true, 0, act(OpKind::Softmax, l32));
@@ -256,12 +287,15 @@ struct LlamaBlockParams {
   const T *ln1, *q, *k, *v, *o, *ln2, *gate, *up, *down;
 };
 
+// Under tensor parallelism this rank's heads (key/value heads split when tp divides them, else the one
+// head its query heads read) and FFN units; x holds S / tp of the tokens with sequence parallelism.
 T llama_block(Net& n, const T& x, const LlamaBlockParams& p, bool selective) {
   Tape& t = n.t;
   const ModelShape& m = n.r.model;
-  const int64_t B = n.r.batch, S = m.seq_len, D = m.width, Dh = m.head_dim(), Hq = m.heads, Hkv = m.kv_heads;
-  const int64_t N = B * S, F = m.ffn;
-  const T normed = rms_norm(n, x, *p.ln1, N);
+  const int64_t tp = n.r.tp, B = n.r.batch, S = m.seq_len, D = m.width, Dh = m.head_dim(), Hq = m.heads / tp;
+  const int64_t Hkv = m.kv_heads % tp == 0 ? m.kv_heads / tp : 1;
+  const int64_t N = B * S, F = m.ffn / tp, rows = x.numel / D;
+  const T normed = n.enter(rms_norm(n, x, *p.ln1, rows));
   const T q = n.linear(normed, *p.q, nullptr, N, D, Hq * Dh);
   const T k = n.linear(normed, *p.k, nullptr, N, D, Hkv * Dh);
   const T v = n.linear(normed, *p.v, nullptr, N, D, Hkv * Dh);
@@ -294,11 +328,11 @@ T llama_block(Net& n, const T& x, const LlamaBlockParams& p, bool selective) {
     return n.copy(out);  // .transpose(1, 2).contiguous()
   };
   const T attn = selective ? t.checkpoint(core, q_embed, {&k_embed, &v}, {}) : core(t, q_embed);
-  const T h = n.add(x, n.linear(attn, *p.o, nullptr, N, Hq * Dh, D));
-  const T normed2 = rms_norm(n, h, *p.ln2, N);
+  const T h = n.add(x, n.leave(n.linear(attn, *p.o, nullptr, N, Hq * Dh, D)));
+  const T normed2 = n.enter(rms_norm(n, h, *p.ln2, rows));
   const T gate = n.unary(n.linear(normed2, *p.gate, nullptr, N, D, F), true, false, OpKind::Activation);  // SiLU saves its input
   const T up = n.linear(normed2, *p.up, nullptr, N, D, F);
-  return n.add(h, n.linear(n.mul(gate, up), *p.down, nullptr, N, F, D));
+  return n.add(h, n.leave(n.linear(n.mul(gate, up), *p.down, nullptr, N, F, D)));
 }
 
 // ---- CNN (suites/models/models.cpp: Cnn, BasicBlock), fp32 ----------------------------------------
@@ -348,9 +382,12 @@ ParamLayout param_layout(const Replay& r) {
     for (int64_t i = 0; i < m.layers; ++i)
       l.blocks.push_back({D, D, 3 * D * D, 3 * D, D * D, D, D, D, 4 * D * D, 4 * D, 4 * D * D, D});
   } else if (m.family == "llama") {
-    const int64_t D = m.width, q = m.heads * m.head_dim(), kv = m.kv_heads * m.head_dim(), F = m.ffn;
-    l.root = {m.vocab * D, D};
-    if (!m.tied) l.root.push_back(m.vocab * D);
+    // One tp rank's shards (Llama::set_tensor_parallel): q, gate, up, o, down and the vocabulary split;
+    // k and v split when tp divides the key/value heads, else whole on every rank; norms whole.
+    const int64_t tp = r.tp, D = m.width, q = m.heads * m.head_dim() / tp, F = m.ffn / tp, V = m.vocab / tp;
+    const int64_t kv = m.kv_heads % tp == 0 ? m.kv_heads * m.head_dim() / tp : m.kv_heads * m.head_dim();
+    l.root = {V * D, D};
+    if (!m.tied) l.root.push_back(V * D);
     for (int64_t i = 0; i < m.layers; ++i) l.blocks.push_back({D, D * q, D * kv, D * kv, q * D, D, D * F, D * F, F * D});
   } else if (m.family == "mlp") {
     int64_t in = r.channels * r.height * r.width;
@@ -423,7 +460,17 @@ T forward_loss(Tape& t, const Replay& r, const std::vector<T>& params, const T& 
   }
   if (m.family == "llama") {
     const int64_t S = m.seq_len, D = m.width, N = B * S;
-    T h = n.boundary(t.op({root[0]}, N * D, r.num.param, {}, false, 0, n.ew(N * D * r.num.param)));
+    T h;
+    if (r.tp > 1) {
+      // vocab_embedding: the tokens outside this rank's rows masked (a bool mask and int64 local ids,
+      // saved by the masked fill and the lookup), the lookup zeroed there, then summed over tp.
+      const T outside = t.data(N, 1), local = t.data(N, 8);
+      t.transient(N * 2 + N * 8);  // the two comparisons and the subtraction before the fill
+      const T looked = t.op({root[0]}, N * D, r.num.param, {&local}, false, 0, n.ew(N * D * r.num.param));
+      h = n.boundary(n.leave(t.op({&looked}, N * D, r.num.param, {&outside}, false, 0, n.ew(2 * N * D * r.num.param))));
+    } else {
+      h = n.boundary(t.op({root[0]}, N * D, r.num.param, {}, false, 0, n.ew(N * D * r.num.param)));
+    }
     const T cos = t.data(S * m.head_dim(), h.elem), sin = t.data(S * m.head_dim(), h.elem);
     const T mask = m.attention == "sdpa" ? T() : t.data(S * S, h.elem);
     for (size_t i = 0; i < blocks.size(); ++i) {
@@ -435,9 +482,9 @@ T forward_loss(Tape& t, const Replay& r, const std::vector<T>& params, const T& 
     }
     T logits;
     {
-      const T out = rms_norm(n, h, *root[1], N);
+      const T out = n.enter(rms_norm(n, h, *root[1], h.numel / D));
       h = T();
-      logits = n.boundary(n.linear(out, m.tied ? *root[0] : *root[2], nullptr, N, D, m.vocab));
+      logits = n.boundary(n.linear(out, m.tied ? *root[0] : *root[2], nullptr, N, D, m.vocab / r.tp));
     }
     return n.loss(logits, N, m.vocab);
   }

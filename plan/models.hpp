@@ -35,6 +35,11 @@ struct Replay {
   int64_t channels = 1, height = 28, width = 28, classes = 10;  // image data
   std::string checkpoint = "none";                                // none | full | every:k | selective
   std::string cross_entropy = "eager";                            // eager | fused (ReferenceModel::loss)
+  // Tensor parallelism (suites/parallel/tensor_parallel.hpp, Llama): this rank's shard of every split
+  // layer, the vocabulary-parallel embedding, head and loss; with sequence parallelism the norms and
+  // residuals on S / tp of the tokens.
+  int64_t tp = 1;
+  bool sequence_parallel = false;
   Numerics num;
   bool cuda = false;
   // Bytes a GEMM allocates beyond its product by its inner dimension, per element size (2: bf16/fp16,
@@ -55,8 +60,9 @@ struct ParamLayout {
 };
 ParamLayout param_layout(const Replay& r);
 
-// Families the replay covers (an empty string) or why not.
+// Families the replay covers (an empty string) or why not; with the replay, the layouts too.
 std::string replay_unsupported(const ModelShape& m);
+std::string replay_unsupported(const Replay& r);
 
 // Builds the parameters on `tape` (when `params` is empty) and runs forward + loss; returns the loss.
 // `params` are the model's parameters in param_layout order, made by the caller (strategies shard them).

@@ -42,17 +42,24 @@ int checkpoint_preference(const std::string& p) {
   return 4;
 }
 
-// A data-parallel layout the search tries: its shorthand and its degrees.
+// A layout the search tries: the data-parallel shorthand, the degrees, sequence parallelism with tp.
 struct LayoutChoice {
   std::string parallel;
   ParallelLayout layout;
+  bool sequence_parallel = false;
+  // How the reasoning names it: "zero3", or "zero3 x tp8" with tensor parallelism.
+  std::string label() const { return layout.tp > 1 ? parallel + " x tp" + std::to_string(layout.tp) : parallel; }
 };
+std::string label_of(const json& cand) {
+  const int64_t tp = cand["layout"]["tp"];
+  return tp > 1 ? cand["parallel"].get<std::string>() + " x tp" + std::to_string(tp) : cand["parallel"].get<std::string>();
+}
 
 // The grid: every axis, or the one value `--set` fixed.
 struct Grid {
   std::vector<std::string> precisions, checkpoints, attentions;
   std::vector<LayoutChoice> layouts;
-  std::vector<int64_t> micro;
+  std::vector<int64_t> micro;  // for one rank's share of the global batch (tp 1); micro_batches() for tp
 };
 
 std::vector<std::string> axis(const PlanRequest& r, const std::string& key, std::vector<std::string> all) {
@@ -60,22 +67,66 @@ std::vector<std::string> axis(const PlanRequest& r, const std::string& key, std:
   return all;
 }
 
-// ddp, zero1/2/3 over every rank; hsdp (zero3 within a node, replicated across nodes) where there is
-// more than one node.
+// Tensor-parallel degrees: 1 and each power of two up to a node's GPUs (its collectives run at every
+// layer, so it stays on a node's fast links, as Megatron and torchtitan place it) that divides the ranks
+// and the model's heads, FFN and vocabulary (core/layout.hpp: check_layout_fits); llama only, as the
+// replay splits it. `--set tp` fixes one, inside a node or not.
+std::vector<int64_t> tp_degrees(const PlanRequest& r) {
+  if (auto f = r.fixed.find("tp"); f != r.fixed.end()) return {std::stoll(f->second)};
+  std::vector<int64_t> out = {1};
+  if (r.model.family != "llama") return out;
+  for (int64_t tp = 2; tp <= r.cluster.gpus_per_node && r.cluster.ranks() % tp == 0; tp *= 2) {
+    ParallelLayout l;
+    l.tp = tp;
+    l.dp_shard = r.cluster.ranks() / tp;
+    try {
+      check_layout_fits(l, r.model);
+    } catch (const UsageError&) {
+      continue;
+    }
+    out.push_back(tp);
+  }
+  return out;
+}
+
+// Per tp degree, the data-parallel strategies over the ranks it leaves: ddp, zero1/2/3, and hsdp (zero3
+// within a node, replicated across nodes) where there is more than one node; one rank's single.
 std::vector<LayoutChoice> layouts(const PlanRequest& r) {
   const int64_t ranks = r.cluster.ranks();
-  std::vector<std::string> names = {"ddp", "zero1", "zero2", "zero3"};
-  if (r.cluster.nodes > 1) names.push_back("hsdp");
-  names = ranks > 1 ? axis(r, "parallel", names) : axis(r, "parallel", {"single"});
+  const bool sp = setting(r, "sequence_parallel", "true") == "true";
   std::vector<LayoutChoice> out;
-  for (const auto& p : names) {
-    if ((p == "single") != (ranks == 1)) throw UsageError("plan: parallel=" + p + " does not match " + std::to_string(ranks) + " rank(s)");
-    RunConfig c;
-    c.parallel = p;
-    c.world_size = ranks;
-    c.hsdp_shard_size = p == "hsdp" ? r.cluster.gpus_per_node : 0;
-    out.push_back({p, resolve_layout(c)});
+  for (int64_t tp : tp_degrees(r)) {
+    if (ranks % tp != 0) throw UsageError("plan: tp=" + std::to_string(tp) + " does not divide " + std::to_string(ranks) + " rank(s)");
+    const int64_t dp = ranks / tp, node = r.cluster.gpus_per_node / std::max<int64_t>(1, tp);
+    std::vector<std::string> names = {"ddp", "zero1", "zero2", "zero3"};
+    if (r.cluster.nodes > 1 && (tp == 1 || node > 1)) names.push_back("hsdp");
+    if (dp == 1) names = {"single"};
+    if (auto f = r.fixed.find("parallel"); f != r.fixed.end()) {
+      if (std::find(names.begin(), names.end(), f->second) == names.end()) continue;
+      names = {f->second};
+    }
+    for (const auto& p : names) {
+      RunConfig c;
+      c.parallel = p;
+      c.world_size = ranks;
+      c.tp = tp;
+      c.hsdp_shard_size = p == "hsdp" ? node : 0;
+      out.push_back({p, resolve_layout(c), tp > 1 && sp});
+    }
   }
+  if (out.empty())
+    throw UsageError("plan: parallel=" + r.fixed.at("parallel") + " does not match " + std::to_string(ranks) + " rank(s)" +
+                     (r.fixed.count("tp") ? " with tp=" + r.fixed.at("tp") : ""));
+  return out;
+}
+
+// Micro-batches for `seqs` sequences per data-parallel rank: the fixed one, else each power of two
+// that divides them.
+std::vector<int64_t> micro_batches(const Grid& g, int64_t seqs, bool fixed) {
+  if (fixed) return g.micro;
+  std::vector<int64_t> out;
+  for (int64_t b = 1; b <= seqs; b *= 2)
+    if (seqs % b == 0) out.push_back(b);
   return out;
 }
 
@@ -141,6 +192,8 @@ void evaluate(const Context& x, const LayoutChoice& lc, json& cand) {
   s.replay.cross_entropy = setting(r, "cross_entropy", "eager");
   s.replay.num = numerics_of(cand["precision"], d.gpu, setting(r, "reduce_dtype", "fp32"));
   s.replay.cuda = d.gpu;
+  s.replay.tp = lc.layout.tp;
+  s.replay.sequence_parallel = lc.sequence_parallel;
   s.layout = lc.layout;
   s.reshard_after_forward = setting(r, "reshard_after_forward", "true");
   s.resident_data_bytes = 0;
@@ -156,7 +209,8 @@ void evaluate(const Context& x, const LayoutChoice& lc, json& cand) {
     cand["reason"] = misfit(x, s, mp);
     return;
   }
-  const TimePrediction tp = predict_time(s, mp, d, r.cluster, x.seqs_per_rank / b);
+  // A data-parallel rank's sequences (tp GPUs share them) in micro-batches of b.
+  const TimePrediction tp = predict_time(s, mp, d, r.cluster, x.seqs_per_rank * lc.layout.tp / b);
   cand["time"] = tp.to_json();
   const double tokens_per_gpu = static_cast<double>(x.seqs_per_rank * S) / tp.step_s;
   cand["tokens_per_s_per_gpu"] = tokens_per_gpu;
@@ -185,11 +239,13 @@ json search(const Context& x, const Grid& g, int64_t& searched) {
       for (const auto& ckpt : g.checkpoints)
         for (const auto& attn : g.attentions) {
           std::string too_big;
-          for (int64_t b : g.micro) {
+          const int64_t seqs = x.seqs_per_rank * lc.layout.tp;
+          for (int64_t b : micro_batches(g, seqs, x.r.fixed.count("batch_size") > 0)) {
             ++searched;
             json cand = {{"precision", prec},          {"parallel", lc.parallel}, {"layout", lc.layout.to_json()},
                          {"sharding", lc.layout.strategy()}, {"checkpoint", ckpt}, {"attention", attn},
-                         {"micro_batch", b},            {"accumulation", x.seqs_per_rank / b}};
+                         {"micro_batch", b},            {"accumulation", seqs / b}};
+            if (lc.layout.tp > 1) cand["sequence_parallel"] = lc.sequence_parallel;
             if (const std::string& note = precision_traits(prec).caveat; !note.empty()) cand["note"] = note;
             if (!too_big.empty()) {
               cand["fits"] = false;
@@ -221,11 +277,13 @@ json rejected_families(const Grid& g, const json& candidates) {
       bool any = false;
       std::string reason;
       for (const auto& c : candidates) {
-        if (c["precision"] != prec || c["parallel"] != lc.parallel) continue;
+        if (c["precision"] != prec || label_of(c) != lc.label()) continue;
         if (c["fits"].get<bool>()) any = true;
         else if (reason.empty() && c["micro_batch"] == g.micro.front() && c["checkpoint"] == g.checkpoints.back()) reason = c["reason"];
       }
-      if (!any) rejected.push_back({{"precision", prec}, {"parallel", lc.parallel}, {"reason", reason.empty() ? "no candidate fits" : reason}});
+      if (!any)
+        rejected.push_back({{"precision", prec}, {"parallel", lc.label()}, {"layout", lc.layout.to_json()},
+                            {"reason", reason.empty() ? "no candidate fits" : reason}});
     }
   return rejected;
 }
@@ -290,22 +348,33 @@ json recommendation(const Context& x, const json& candidates, const json& reject
                 "; configurations within " + percent(1 - kEqualSpeed) + " of it count as equal, and of those the one teams run is named");
   const json& top = candidates[0];
   if (&best != &top)
-    why.push_back(top["precision"].get<std::string>() + " (" + top["parallel"].get<std::string>() + ", checkpoint " +
+    why.push_back(top["precision"].get<std::string>() + " (" + label_of(top) + ", checkpoint " +
                   top["checkpoint"].get<std::string>() + ") would reach " +
                   percent(top["tokens_per_s_per_gpu"].get<double>() / best["tokens_per_s_per_gpu"].get<double>()) + " of this throughput" +
                   (top.contains("note") ? ": " + top["note"].get<std::string>() : ""));
   why.push_back("step " + format_seconds(best["time"]["step_s"]) + ": compute " + format_seconds(best["time"]["compute_s"]) +
                 ", exposed communication " + format_seconds(best["time"]["exposed_comm_s"]) + " (" + best["time"]["bound"].get<std::string>() +
                 "-bound)");
-  // Each other strategy: its best eligible configuration for contrast, or why it does not fit in the
+  // Why its tp: what it divides and what its collectives cost.
+  if (const int64_t tp = best["layout"]["tp"]; tp > 1) {
+    double tp_s = 0;
+    std::string level;
+    for (const auto& c : best["time"]["collectives"])
+      if (c.value("dimension", "") == "tp") tp_s += c["seconds"].get<double>(), level = c.value("level", "");
+    const bool sp = best.value("sequence_parallel", false);
+    why.push_back("tp " + std::to_string(tp) + " splits every layer's weights" + (sp ? " and, with sequence parallelism, its activations" : "") +
+                  " " + std::to_string(tp) + " ways; its collectives take " + format_seconds(tp_s) + " of the step, exposed, on " + level +
+                  " links");
+  }
+  // Each other layout: its best eligible configuration for contrast, or why it does not fit in the
   // recommended precision.
   const bool any_precision = r.fixed.count("precision") > 0;
-  std::vector<std::string> seen = {best["parallel"]};
+  std::vector<std::string> seen = {label_of(best)};
   for (const auto& c : candidates) {
-    if (!c["fits"].get<bool>() || std::count(seen.begin(), seen.end(), c["parallel"].get<std::string>())) continue;
+    if (!c["fits"].get<bool>() || std::count(seen.begin(), seen.end(), label_of(c))) continue;
     if (!any_precision && c.contains("note")) continue;
-    seen.push_back(c["parallel"]);
-    why.push_back("best " + c["parallel"].get<std::string>() + " (" + c["precision"].get<std::string>() + ", checkpoint " +
+    seen.push_back(label_of(c));
+    why.push_back("best " + label_of(c) + " (" + c["precision"].get<std::string>() + ", checkpoint " +
                   c["checkpoint"].get<std::string>() + ", micro-batch " + std::to_string(c["micro_batch"].get<int64_t>()) + "): " +
                   percent(c["tokens_per_s_per_gpu"].get<double>() / best["tokens_per_s_per_gpu"].get<double>()) + " of its throughput");
   }

@@ -1,8 +1,9 @@
 #pragma once
 // The search behind `trainscope plan`: every candidate configuration of a model on a cluster
-// (precision x strategy x checkpoint policy x attention x micro-batch, gradient accumulation to the
-// global batch), each replayed for its memory per rank and timed on the device profile; the ones
-// that fit ranked by throughput, the others with the reason they do not fit, and a recommendation.
+// (precision x layout (data-parallel strategy x tensor parallelism) x checkpoint policy x attention x
+// micro-batch, gradient accumulation to the global batch), each replayed for its memory per rank and
+// timed on the device profile; the ones that fit ranked by throughput, the others with the reason
+// they do not fit, and a recommendation.
 #include <map>
 #include <string>
 
@@ -19,9 +20,9 @@ struct PlanRequest {
   DeviceProfile device;
   int64_t global_tokens = 0;        // tokens per optimizer step; 0: 2^20 rounded to whole sequences per rank
   double headroom = 0.10;           // fraction of device memory kept free
-  std::map<std::string, std::string> fixed;  // axis -> value: precision, parallel, checkpoint, attention, batch_size;
-                                             // settings not searched: reduce_dtype, reshard_after_forward,
-                                             // cross_entropy
+  std::map<std::string, std::string> fixed;  // axis -> value: precision, parallel, tp, checkpoint, attention,
+                                             // batch_size; settings not searched: reduce_dtype,
+                                             // reshard_after_forward, cross_entropy, sequence_parallel (on with tp)
 };
 
 // The CUDA caching allocator's peak reserved over its peak allocated, for the candidates' reserved

@@ -52,6 +52,8 @@ StepSetup step_setup(const RunConfig& c, bool cuda) {
   s.replay.num = numerics_of(c.precision, cuda, c.reduce_dtype);
   s.replay.cuda = cuda;
   s.layout = resolve_layout(c);
+  s.replay.tp = s.layout.tp;
+  s.replay.sequence_parallel = c.sequence_parallel;
   if (s.layout.shard_by_host) {  // hsdp by node, planned on one node: zero3 over its ranks (a check reads the run's)
     s.layout.shard_by_host = false;
   }
@@ -76,7 +78,7 @@ namespace {
 class StepReplay {
  public:
   explicit StepReplay(const StepSetup& s)
-      : s_(s), r_(s.replay), layout_(param_layout(r_)), pe_(r_.num.param), oe_(r_.num.optimizer_bytes()), W_(s.world()),
+      : s_(s), r_(s.replay), layout_(param_layout(r_)), pe_(r_.num.param), oe_(r_.num.optimizer_bytes()), W_(s.data_parallel()),
         N_(s.sharding()) {
     const std::string st = s.strategy();
     // With masters every strategy but zero1/zero2 runs on full sharding's units (make_strategy).
@@ -373,7 +375,7 @@ MemoryPrediction StepReplay::run() {
 }  // namespace
 
 MemoryPrediction predict_memory(const StepSetup& s) {
-  if (const std::string why = replay_unsupported(s.replay.model); !why.empty()) throw UsageError(why);
+  if (const std::string why = replay_unsupported(s.replay); !why.empty()) throw UsageError(why);
   return StepReplay(s).run();
 }
 

@@ -15,8 +15,10 @@ struct StepSetup {
   ParallelLayout layout;  // core/layout.hpp: what `trainscope run` resolves from the same configuration
   std::string strategy() const { return layout.strategy(); }  // single | ddp | zero1 | zero2 | zero3 | hsdp
   int64_t world() const { return layout.world(); }
-  // The ranks one copy of the model state is sharded over: the dp_shard group, else the world.
-  int64_t sharding() const { return layout.dp_shard > 1 ? layout.dp_shard : world(); }
+  // The data-parallel group the strategy runs over (the world when there is no tp, pp or cp).
+  int64_t data_parallel() const { return layout.dp(); }
+  // The ranks one copy of the model state is sharded over: the dp_shard group, else the data-parallel group.
+  int64_t sharding() const { return layout.dp_shard > 1 ? layout.dp_shard : data_parallel(); }
   std::string optimizer = "adamw";
   double weight_decay = 0.0;
   bool prefetch = true;

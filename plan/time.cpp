@@ -90,6 +90,46 @@ void calibrate(Pass& p, const DeviceProfile::InStep& cal) {
   }
 }
 
+// Blocks whose forward runs again in backward (and with it their collectives): full, selective-op and
+// every:k recompute the whole block; selective only the attention core, which communicates nothing.
+int64_t recomputed_blocks(const std::string& policy, int64_t layers) {
+  if (policy == "full" || policy == "selective-op") return layers;
+  if (policy.rfind("every:", 0) == 0) return layers == 0 ? 0 : (layers - 1) / std::stoll(policy.substr(6)) + 1;
+  return 0;
+}
+
+// Tensor parallelism's collectives over the tp group (suites/parallel/tensor_parallel.cpp), per
+// micro-batch of N tokens with activations of e bytes, L blocks: without sequence parallelism an
+// all-reduce after each row-parallel layer (2 per block) and the embedding's in forward, one per
+// Copy in backward (2 per block, the head's); with it each becomes an all-gather and a reduce-scatter of
+// the same bytes (4L + 2 of each per micro-batch). The loss adds three all-reduces of a value per row.
+// Each sits between two dependent operators: exposed (Megatron's and torchtitan's asynchronous TP, which
+// overlaps them with the GEMMs, is not modelled).
+void tensor_parallel_collectives(TimePrediction& t, const StepSetup& s, const DeviceProfile& d, const Cluster& c, int64_t accumulation) {
+  const Replay& r = s.replay;
+  const int64_t tp = r.tp, L = r.model.layers, again = recomputed_blocks(r.checkpoint, L);
+  const bool inter = tp > c.gpus_per_node;
+  const double e = r.num.autocast ? r.num.low : r.num.param, tokens = static_cast<double>(r.batch * r.model.seq_len);
+  const double bytes = tokens * static_cast<double>(r.model.width) * e, micro = static_cast<double>(accumulation);
+  auto add = [&](const std::string& op, double size, double calls) {
+    const double sec = d.collective_seconds(op, size, tp, inter) * calls;
+    t.comm_s += sec;
+    t.exposed_comm_s += sec;
+    t.collectives.push_back({{"op", op}, {"dimension", "tp"}, {"bytes", size}, {"calls", calls}, {"seconds", sec}, {"exposed_s", sec},
+                             {"level", inter ? "inter-node" : "intra-node"}});
+  };
+  const double per_micro = static_cast<double>(4 * L + 2 + 2 * again);
+  if (r.sequence_parallel) {
+    add("all-gather", bytes, per_micro * micro);
+    add("reduce-scatter", bytes, per_micro * micro);
+  } else {
+    add("all-reduce", bytes, per_micro * micro);
+  }
+  add("all-reduce", tokens * 4, 3 * micro);
+  t.overlap_rule += std::string(t.overlap_rule.empty() ? "" : "; ") +
+                    "tensor parallelism's collectives sit between dependent operators (exposed)";
+}
+
 }  // namespace
 
 json TimePrediction::to_json() const {
@@ -122,7 +162,7 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
   // The optimizer: LibTorch's AdamW makes ~9 kernels and ~23 element accesses per parameter element
   // (decay, both moments, sqrt, division, the update); SGD with momentum ~3 and ~8.
   const ParamLayout layout = param_layout(s.replay);
-  const int64_t total = layout.total(), W = s.world(), pe = s.replay.num.param, oe = s.replay.num.optimizer_bytes();
+  const int64_t total = layout.total(), W = s.data_parallel(), pe = s.replay.num.param, oe = s.replay.num.optimizer_bytes();
   const std::string st = s.strategy();
   const bool master = s.replay.num.master > 0;
   // Full sharding's units: zero3 and hsdp, and with masters one process and ddp (units without a shard
@@ -217,7 +257,7 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
       // hsdp runs these within its shard group of N ranks (inside a node when N fits one: the fast
       // links), then all-reduces each gradient slice across the W/N groups, synchronously.
       const int64_t N = unit_group, R = W / std::max<int64_t>(N, 1);
-      const bool shard_inter = N > c.gpus_per_node && c.nodes > 1;
+      const bool shard_inter = N * s.replay.tp > c.gpus_per_node && c.nodes > 1;  // tp innermost: N x tp GPUs
       double ar_total = 0, ar_bytes = 0;
       auto replicas = [&](int64_t unit_bytes, double calls) {
         if (R < 2) return;
@@ -270,6 +310,7 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
       if (R > 1) t.overlap_rule += "; the gradient slices' all-reduce across the shard groups is synchronous (exposed)";
     }
   }
+  if (s.replay.tp > 1) tensor_parallel_collectives(t, s, d, c, accumulation);
   t.step_s = t.compute_s + t.exposed_comm_s;
   // hsdp crosses nodes only with its gradient slices: it is bound by the level holding most of its
   // exposed communication.

@@ -29,7 +29,8 @@ def plan(binary, run):
            "--set", f"precision={run['precision']}", "--set", f"parallel={run['parallel']}",
            "--set", f"checkpoint={run['checkpoint']}", "--set", f"attention={run.get('attention', 'sdpa')}",
            "--set", f"batch_size={run['micro_batch']}"]
-    for key in ("reduce_dtype", "reshard_after_forward", "cross_entropy"):
+    cmd += ["--set", f"tp={run.get('tp', 1)}"]  # the search tries tp; a published run fixes its own
+    for key in ("reduce_dtype", "reshard_after_forward", "cross_entropy", "sequence_parallel"):
         if key in run:
             cmd += ["--set", f"{key}={run[key]}"]
     for key, value in run.get("dimensions", {}).items():
@@ -56,7 +57,10 @@ def row(run, c):
         mem = c["memory"]
         predicted = mem["reserved_peak_bytes"] if run["memory_kind"] == "reserved" else mem["peak_bytes"]
         published = run["memory_gib"] * GIB
-        out["memory"] = (predicted / GIB, run["memory_gib"], predicted / published - 1, run["memory_kind"])
+        # A row whose memory the plan does not describe (memory_compared = false, with the reason in
+        # `differs`) is shown beside the prediction but kept out of the medians.
+        key = "memory" if run.get("memory_compared", True) else "memory_shown"
+        out[key] = (predicted / GIB, run["memory_gib"], predicted / published - 1, run["memory_kind"])
     if not c["fits"]:
         out["why"] = c.get("reason", "")
     return out
@@ -71,12 +75,12 @@ def markdown(rows):
              "planned MFU | bound | not modelled |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        mem = r.get("memory")
+        mem = r.get("memory", r.get("memory_shown"))
         tps = r.get("tps")
         lines.append("| {} | {} | {} | {} | {} | {} | {} | {} |".format(
             r["id"] + (" (fp8)" if r["fp8"] else ""),
             f"{mem[0]:.1f} / {mem[1]:.2f} ({mem[3]})" if mem else "-",
-            pct(mem[2]) if mem else "-",
+            (pct(mem[2]) + ("" if "memory" in r else " (not in the medians)")) if mem else "-",
             f"{tps[0]:,.0f} / {tps[1]:,.0f}" if tps else ("does not fit: " + r.get("why", "") if not r["fits"] else "-"),
             pct(tps[2]) if tps else "-",
             f"{100 * r['mfu']:.1f}%" if r.get("mfu") else "-",
@@ -139,7 +143,8 @@ def main():
             print(f"- {t}")
     else:
         for r in rows:
-            mem = f"memory {r['memory'][0]:.1f}/{r['memory'][1]:.2f} GiB {pct(r['memory'][2])}" if "memory" in r else ""
+            m = r.get("memory", r.get("memory_shown"))
+            mem = f"memory {m[0]:.1f}/{m[1]:.2f} GiB {pct(m[2])}{'' if 'memory' in r else ' (shown)'}" if m else ""
             tps = f"tokens/s {r['tps'][0]:,.0f}/{r['tps'][1]:,.0f} {pct(r['tps'][2])}" if "tps" in r else ""
             print(f"{r['id']:22} {'fits' if r['fits'] else 'DOES NOT FIT'}  {mem:32} {tps}")
         for t in text:

@@ -30,7 +30,8 @@ std::vector<Row> top_rows(const json& plan, size_t n) {
     if (!c["fits"].get<bool>() || rows.size() >= n) break;
     Row r;
     r.cells[0] = c["precision"];
-    r.cells[1] = c["parallel"];
+    const int64_t tp = c.value("layout", json::object()).value("tp", int64_t{1});
+    r.cells[1] = c["parallel"].get<std::string>() + (tp > 1 ? " x tp" + std::to_string(tp) : "");
     r.cells[2] = c["checkpoint"];
     r.cells[3] = c["attention"];
     r.cells[4] = std::to_string(c["micro_batch"].get<int64_t>()) + " x " + std::to_string(c["accumulation"].get<int64_t>());
@@ -70,11 +71,11 @@ std::string render_plan_text(const json& plan, size_t n) {
   const auto rows = top_rows(plan, n);
   if (!rows.empty()) {
     char line[400];
-    std::snprintf(line, sizeof line, "%-11s %-8s %-10s %-6s %-14s %11s %12s %6s  %s\n", kHeads[0], kHeads[1], kHeads[2], kHeads[3],
+    std::snprintf(line, sizeof line, "%-11s %-12s %-12s %-9s %-14s %11s %12s %6s  %s\n", kHeads[0], kHeads[1], kHeads[2], kHeads[3],
                   kHeads[4], kHeads[5], kHeads[6], kHeads[7], kHeads[8]);
     out << line;
     for (const auto& r : rows) {
-      std::snprintf(line, sizeof line, "%-11s %-8s %-10s %-6s %-14s %11s %12s %6s  %s\n", r.cells[0].c_str(), r.cells[1].c_str(),
+      std::snprintf(line, sizeof line, "%-11s %-12s %-12s %-9s %-14s %11s %12s %6s  %s\n", r.cells[0].c_str(), r.cells[1].c_str(),
                     r.cells[2].c_str(), r.cells[3].c_str(), r.cells[4].c_str(), r.cells[5].c_str(), r.cells[6].c_str(),
                     r.cells[7].c_str(), r.cells[8].c_str());
       out << line;

@@ -112,7 +112,7 @@ int plan_command(const PlanArgs& a) {
   }
   // The model: a preset (or a family) with dimension keys, as the suites take them.
   static const std::set<std::string> axes = {"precision", "parallel", "checkpoint", "attention", "batch_size", "reduce_dtype",
-                                              "reshard_after_forward", "cross_entropy"};
+                                              "reshard_after_forward", "cross_entropy", "tp", "sequence_parallel"};
   json cfg = {{"model", a.model}};
   plan::PlanRequest r;
   for (const auto& [k, v] : a.sets) {
@@ -133,7 +133,10 @@ int plan_command(const PlanArgs& a) {
   // Validate the fixed axes with the run configuration's own checks.
   json probe = cfg;
   for (const auto& [k, v] : r.fixed) probe[k] = parse_value(v);
-  if (r.fixed.count("parallel") && r.fixed["parallel"] != "single") probe["world_size"] = 2;
+  const int64_t tp = probe.contains("tp") && probe["tp"].is_number_integer() ? std::max<int64_t>(1, probe["tp"].get<int64_t>()) : 1;
+  if (r.fixed.count("parallel") && r.fixed["parallel"] != "single") probe["world_size"] = 2 * tp;
+  else if (tp > 1) probe["world_size"] = tp;
+  if (r.fixed.count("sequence_parallel") && tp == 1) probe.erase("sequence_parallel");  // searched with tp
   const RunConfig c = RunConfig::from_json(probe);
   r.model = resolve_model(c);
   if (!a.hardware.empty()) {

@@ -41,6 +41,24 @@ inline Result sh(const std::string& cmd) {
 
 inline Result ts(const std::string& args) { return sh(bin() + " " + args); }
 
+// The hardware suite's report on this machine (its qualification cells, the collectives on 2 ranks and the
+// planner's calibration cells, time-budgeted), run once per build of the binary and read by the tests
+// that need one (the suite's own test, the planner's check): about 45 s each time otherwise. The run's
+// exit status is kept beside it, so every reader asserts the run itself.
+inline Result shared_hardware_report(std::string& out) {
+  out = tmp("hardware");
+  const std::string status = out + "/exit-status";
+  if (sh("test " + out + "/report.json -nt " + bin() + " && test -f " + status).code == 0) {
+    int code = -1;
+    std::ifstream(status) >> code;
+    return {code, "(the report of an earlier test with this binary: " + out + ")"};
+  }
+  sh("rm -rf " + out);
+  const Result r = ts("run --suite hardware --nproc 2 --out " + out + " --set time_budget_s=6 --set sustain_window_s=1");
+  std::ofstream(status) << r.code;
+  return r;
+}
+
 inline json read_json(const std::string& path) {
   std::ifstream in(path);
   return json::parse(in);

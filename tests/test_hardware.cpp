@@ -277,9 +277,8 @@ TEST(HardwareSuite, RecommendationsSayWhatFallsShortAndByHowMuch) {
 }
 
 TEST(HardwareSuite, TheCpuQualificationReport) {
-  const std::string out = tmp("hardware");
-  sh("rm -rf " + out);
-  const Result r = ts("run --suite hardware --nproc 2 --out " + out + " --set time_budget_s=6 --set sustain_window_s=1");
+  std::string out;
+  const Result r = shared_hardware_report(out);
   ASSERT_EQ(r.code, 0) << r.out;
   const json report = read_json(out + "/report.json");
   EXPECT_EQ(validate_report(out + "/report.json").code, 0);

@@ -1076,11 +1076,12 @@ TEST(Parallel, TraceHasOneProcessPerRankAndSpansNestPerTrack) {
 // The built-in pitfalls suite end to end: each mistake made, detected and fixed in one run. The first
 // three are exact on any CPU (a non-finite loss, fingerprints, the allocator's byte count against the
 // budget); the fourth is a training outcome, so what is asserted is that both paths were measured at
-// every label fraction and that reusing the encoder is charged its pre-training.
+// every label fraction and that reusing the encoder is charged its pre-training, which one label subset
+// per fraction shows as well as the suite's three (they give the spread: 27 s more here).
 TEST(Parallel, PitfallsSuiteReproducesEachMistakeWithItsFix) {
   const std::string out = tmp("pitfalls");
   sh("rm -rf " + out);
-  const Result r = ts("run --suite pitfalls --nproc 2 --out " + out);
+  const Result r = ts("run --suite pitfalls --nproc 2 --set label_seeds=1 --out " + out);
   ASSERT_EQ(r.code, 0) << r.out;
   const json report = read_json(out + "/report.json");
   const Result valid = validate_report(out + "/report.json");

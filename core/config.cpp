@@ -159,10 +159,11 @@ const std::vector<KeySpec>& config_keys() {
       {"eval", KeyKind::Bool, {}, true, "evaluate test accuracy after training (classifiers)"},
       {"inject", KeyKind::Choice,
        {"none", "crash", "abort", "hang", "throw", "same-data-seed", "skip-broadcast", "rank-dropout-seed",
-        "local-negatives", "teacher-drift", "slow:<pct>"},
+        "tp-same-dropout-seed", "local-negatives", "teacher-drift", "slow:<pct>"},
        "none",
        "inject a fault: crash/abort/hang/throw the process (isolation); same-data-seed, skip-broadcast, "
-       "rank-dropout-seed break the ranks' RNG and weights (the RNG probe must catch them); local-negatives: SimCLR "
+       "rank-dropout-seed break the ranks' RNG and weights, tp-same-dropout-seed gives the tp ranks one "
+       "model-parallel dropout seed (the RNG probe must catch them); local-negatives: SimCLR "
        "contrasts against this rank's views only; teacher-drift: BYOL/DINO teachers copied before the weight "
        "broadcast (they differ across ranks); slow:<pct> makes "
        "every step pct percent slower (to measure the comparison gate)"},
@@ -454,8 +455,6 @@ RunConfig RunConfig::from_json(const json& j) {
     const ParallelLayout layout = resolve_layout(c);
     check_layout_fits(layout, model);
     if (const std::string why = layout_unsupported(layout); !why.empty()) throw UsageError(why);
-    if (layout.tp > 1 && model.family != "llama")
-      throw UsageError("tp: this build splits the llama decoder's layers; " + model.family + " is not split yet");
     if (layout.tp > 1 && c.grad_clip > 0)
       throw UsageError("grad_clip with tp is not implemented in this build (the norm needs every tp shard's sum)");
     if (c.sequence_parallel && layout.tp == 1) throw UsageError("sequence_parallel = true splits what tp splits; it needs tp > 1");

@@ -204,6 +204,12 @@ Trainer::Trainer(const RunConfig& config, const std::string& device, Communicato
     tp.degree = mesh_->layout().tp;
     tp.sequence = config.sequence_parallel;
     model_->set_tensor_parallel(tp);
+    // Megatron's model-parallel generator, seed + 2718 + tp rank (tensor_parallel/random.py:
+    // model_parallel_cuda_manual_seed); tp-same-dropout-seed (a fault) leaves the tp rank out.
+    const int64_t offset = config.inject == "tp-same-dropout-seed" ? 0 : tp.rank;
+    tensor_parallel::rng_tracker().seed(static_cast<uint64_t>(config.seed + 2718 + offset));
+  } else {
+    tensor_parallel::rng_tracker().reset();
   }
   ParamPolicy params;
   params.master = mode_.master;
@@ -320,6 +326,16 @@ void Trainer::fingerprints(int64_t step, const Batch& batch, const torch::Tensor
     auto copy = at::make_generator<at::CPUGeneratorImpl>();
     copy.set_state(cpu_state);
     emit("dropout-masks", "must-match", fingerprint(torch::empty({4096}).bernoulli_(1.0 - preset_.dropout, copy)));
+  }
+  // The model-parallel generator: different on the tp ranks of one data-parallel rank, the same on the
+  // data-parallel ranks of one tp coordinate (each stream compared among the ranks that report it).
+  if (const TensorParallel& tp = model_->tensor_parallel(); tp.active()) {
+    const uint64_t v = fingerprint(tensor_parallel::rng_tracker().snapshot());
+    hooks.fingerprint(Fingerprint{"tp-dropout-generator (the tp ranks of data-parallel rank " + std::to_string(dp_rank_) + ")",
+                                  "should-differ", step, v});
+    if (dp_size_ > 1)
+      hooks.fingerprint(Fingerprint{"tp-dropout-generator (the data-parallel ranks of tp rank " + std::to_string(tp.rank) + ")",
+                                    "must-match", step, v});
   }
   // EMA teachers are never reduced: only their identical updates keep them equal on every rank.
   if (const auto teacher = model_->teacher_fingerprint()) emit("teacher-parameters", "must-match", *teacher);
@@ -459,7 +475,7 @@ std::vector<std::pair<std::string, torch::Tensor>> Trainer::final_parameters() {
   const TensorParallel& tp = model_->tensor_parallel();
   if (!tp.active()) return out;
   for (auto& [name, t] : out)  // the tp ranks' shards joined (a collective over the tp group)
-    if (const int64_t dim = model_->tensor_parallel_dim(name); dim >= 0) t = tensor_parallel::unshard(t, dim, tp);
+    if (const auto split = model_->tensor_parallel_split(name)) t = tensor_parallel::unshard(t, *split, tp);
   return out;
 }
 

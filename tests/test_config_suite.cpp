@@ -364,7 +364,8 @@ TEST(Layout, TheConfigurationChecksIt) {
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "gpt-tiny"}, {"dp_shard", 2}, {"world_size", 3}}), "needs 2 ranks");
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "gpt-tiny"}, {"layout", "tp3"}}), "does not divide the 4 attention heads");
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"layout", "cp3"}}), "2 x cp equal chunks");
-  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "gpt-tiny"}, {"tp", 2}}), "gpt is not split yet");
+  EXPECT_EQ(RunConfig::from_json({{"model", "gpt-tiny"}, {"tp", 2}}).world_size, 2);
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "vit-tiny"}, {"tp", 2}}), "vit models have none");
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp", 2}}), "not implemented in this build yet");
   EXPECT_EQ(RunConfig::from_json({{"model", "llama-tiny"}, {"tp", 2}, {"sequence_parallel", true}}).world_size, 2);
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"sequence_parallel", true}}), "needs tp > 1");

@@ -326,7 +326,7 @@ layout = "dp_shard2"
 }
 
 // A layout that cannot run is one line and exit 2 before any rank starts: degrees whose product is not
-// the world size, a degree the model cannot take, a dimension (or a model under tp) this build does not implement.
+// the world size, a degree the model cannot take, a dimension (or a setting under tp) this build does not implement.
 TEST(Parallel, BadLayoutsAreOneLineErrors) {
   for (const auto& [sets, says] : std::vector<std::pair<std::string, std::string>>{
            {"--set dp_shard=2 --set world_size=4", "needs 2 ranks"},
@@ -334,13 +334,103 @@ TEST(Parallel, BadLayoutsAreOneLineErrors) {
            {"--set layout=dp2", "expected dimensions joined by '-'"},
            {"--set parallel=zero3 --set dp_replicate=2 --set world_size=4", "means dp_shard4"},
            {"--set layout=dp_shard2 --set dp_shard=4", "has dp_shard 2, but dp_shard = 4"},
-           {"--set tp=2", "gpt is not split yet"},
+           {"--set tp=2 --set grad_clip=1", "grad_clip with tp is not implemented"},
            {"--set pp=2", "pp (layout pp2) is not implemented"}}) {
     const Result r = ts("run --suite quick --filter gpt-tiny/32-true --nproc 4 --out " + tmp("bad-layout") + " " + sets);
     EXPECT_EQ(r.code, 2) << sets << "\n" << r.out;
     EXPECT_NE(r.out.find(says), std::string::npos) << sets << "\n" << r.out;
     EXPECT_LE(lines(r.out), 2) << sets << "\n" << r.out;
   }
+}
+
+// GPT under tensor parallelism (its fused q, k, v split by heads and fc by columns, proj and fc_proj by
+// rows with their biases added after the reduction, the tied head and the loss on vocabulary shards)
+// equals one process on the same batch: in fp64 the split only reorders sums, the bound of
+// StrategiesEqualOneProcessOnTheGlobalBatch (atol 1e-6 after six AdamW steps); a wrong split (q, k, v by
+// plain row blocks, a bias added on both ranks) moves parameters by ~lr = 3e-3. Dropout inside the tp
+// region (attention's heads; with sequence parallelism every shard) draws from Megatron's
+// model-parallel generator, different on the tp ranks; a recomputed block draws the same masks again
+// (checkpoint_check: recomputation equal to the forward, on both attention paths); one model-parallel
+// seed for all tp ranks (tp-same-dropout-seed) is caught by the RNG probe.
+TEST(Parallel, GptTensorParallelEqualsOneProcessAndSplitsItsDropout) {
+  const SuiteRun run = run_suite_text("gpt-tp", R"(
+name = "gpt-tp"
+[base]
+model = "gpt-tiny"
+precision = "64-true"
+warmup_steps = 0
+steps = 6
+eval = false
+overflow_every = 0
+lr = 3e-3
+save_parameters = true
+batch_size = 8
+rng_every = 2
+[[cells]]
+name = "single"
+[[cells]]
+name = "tp2"
+tp = 2
+[[cells]]
+name = "tp2-sp"
+tp = 2
+sequence_parallel = true
+[[cells]]
+name = "tp2-sp-full"
+tp = 2
+sequence_parallel = true
+checkpoint = "full"
+[[cells]]
+name = "dropout/tp2-sp-full"
+tp = 2
+sequence_parallel = true
+checkpoint = "full"
+dropout = 0.1
+checkpoint_check = true
+[[cells]]
+name = "dropout/tp2-sdpa-full"
+tp = 2
+attention = "sdpa"
+checkpoint = "full"
+dropout = 0.1
+checkpoint_check = true
+[[cells]]
+name = "dropout/tp2-same-seed"
+tp = 2
+dropout = 0.1
+inject = "tp-same-dropout-seed"
+)", "--nproc 2");
+  ASSERT_EQ(run.result.code, 0) << run.result.out;
+  const auto single = load_params(run.out + "/cells/single.params.pt");
+  ASSERT_FALSE(single.empty());
+  for (const std::string cell : {"tp2", "tp2-sp", "tp2-sp-full"}) {
+    const auto r0 = load_params(run.out + "/cells/" + cell + ".rank0.params.pt");
+    const auto r1 = load_params(run.out + "/cells/" + cell + ".rank1.params.pt");
+    ASSERT_EQ(r0.size(), single.size()) << cell;
+    for (size_t i = 0; i < single.size(); ++i) {
+      EXPECT_TRUE(torch::equal(r0[i], r1[i])) << cell << " parameter " << i << ": the joined shards differ between ranks";
+      EXPECT_TRUE(torch::allclose(r0[i], single[i], /*rtol=*/0, /*atol=*/1e-6))
+          << cell << " parameter " << i << ": max |diff| " << (r0[i] - single[i]).abs().max().item<double>();
+    }
+  }
+  auto tp_stream = [](const json& cell) {
+    for (const auto& s : cell["metrics"]["rng"]["streams"])
+      if (s["name"].get<std::string>().rfind("tp-dropout-generator", 0) == 0) return s;
+    ADD_FAILURE() << cell["name"] << " has no tp-dropout-generator stream";
+    return json::object();
+  };
+  for (const char* name : {"dropout/tp2-sp-full", "dropout/tp2-sdpa-full"}) {
+    const json cell = cell_named(run.report, name);
+    EXPECT_EQ(cell["status"], "ok") << name;
+    EXPECT_GT(cell["checkpoint_determinism"]["compared"].get<int64_t>(), 0) << name;
+    EXPECT_EQ(cell["checkpoint_determinism"]["max_abs_diff"].get<double>(), 0.0) << name;
+    EXPECT_EQ(cell["metrics"]["rng"]["violations"], 0) << name;
+    EXPECT_EQ(tp_stream(cell)["verdict"], "ok") << name;
+  }
+  const json same = cell_named(run.report, "dropout/tp2-same-seed");
+  EXPECT_EQ(same["metrics"]["rng"]["violations"], 1) << same["metrics"]["rng"].dump();
+  EXPECT_EQ(tp_stream(same)["verdict"], "violated");
+  EXPECT_EQ(tp_stream(same)["ranks"], json::array({0, 1}));
 }
 
 // hsdp on 4 ranks in two shard groups of 2: each block's gradients reduce-scattered within the group,
@@ -840,10 +930,34 @@ collective_timeout_s = 5
 timeout_s = 120
 [axes]
 inject = ["crash", "hang", "none"]
+# Under tensor parallelism every layer waits on the other tp rank: the same outcomes, from its group.
+[[cells]]
+name = "tp2/inject=crash"
+model = "gpt-tiny"
+parallel = "single"
+tp = 2
+batch_size = 4
+inject = "crash"
+[[cells]]
+name = "tp2/inject=hang"
+model = "gpt-tiny"
+parallel = "single"
+tp = 2
+batch_size = 4
+inject = "hang"
 )", "--nproc 2");
   const Result& r = run.result;
   const std::string& out = run.out;
   EXPECT_EQ(r.code, 1) << r.out;  // a failed cell, the report written
+  for (const char* name : {"tp2/inject=crash", "tp2/inject=hang"}) {
+    const json cell = cell_named(run.report, name);
+    EXPECT_EQ(cell["status"], "failed") << name;
+    EXPECT_LT(cell["wall_s"].get<double>(), 60.0) << name;
+    EXPECT_NE(cell["reason"].get<std::string>().find("rank"), std::string::npos) << cell["reason"];
+  }
+  EXPECT_NE(cell_named(run.report, "tp2/inject=crash")["reason"].get<std::string>().find("rank 1 killed by signal 11"), std::string::npos);
+  EXPECT_NE(cell_named(run.report, "tp2/inject=hang")["reason"].get<std::string>().find("rank(s) 1 had not failed and were stopped"),
+            std::string::npos);
   const json& report = run.report;
   const json crash = cell_named(report, "inject=crash");
   EXPECT_EQ(crash["status"], "failed");

@@ -222,7 +222,7 @@ class Llama : public DecoderModel {
   // Column-parallel: q, k and v (by heads), gate, up, and the head and the embedding (by vocabulary);
   // row-parallel: o and down. Norms stay whole.
   void set_tensor_parallel(const TensorParallel& tp) override {
-    std::map<std::string, int64_t> dims{{"embed_tokens.weight", 0}};
+    std::map<std::string, tensor_parallel::Split> dims{{"embed_tokens.weight", 0}};
     if (!p_.tied) dims["lm_head.weight"] = 0;
     for (size_t i = 0; i < blocks_.size(); ++i) {
       blocks_[i]->set_tensor_parallel(tp);

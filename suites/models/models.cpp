@@ -118,17 +118,18 @@ void ReferenceModel::set_tensor_parallel(const TensorParallel&) {
   throw UsageError("tp splits a decoder's attention heads, MLP and vocabulary; this model has none");
 }
 
-int64_t ReferenceModel::tensor_parallel_dim(const std::string& name) const {
-  const auto it = tp_dims_.find(name);
-  return it == tp_dims_.end() ? -1 : it->second;
+std::optional<tensor_parallel::Split> ReferenceModel::tensor_parallel_split(const std::string& name) const {
+  const auto it = tp_splits_.find(name);
+  if (it == tp_splits_.end()) return std::nullopt;
+  return it->second;
 }
 
-void ReferenceModel::shard_parameters(const std::map<std::string, int64_t>& dims, const TensorParallel& tp) {
+void ReferenceModel::shard_parameters(const std::map<std::string, tensor_parallel::Split>& splits, const TensorParallel& tp) {
   tp_ = tp;
-  tp_dims_ = dims;
+  tp_splits_ = splits;
   torch::NoGradGuard no_grad;
   for (auto& item : named_parameters())
-    if (const auto it = dims.find(item.key()); it != dims.end())
+    if (const auto it = splits.find(item.key()); it != splits.end())
       item.value().set_data(tensor_parallel::shard(item.value().detach(), it->second, tp));
 }
 
@@ -390,16 +391,28 @@ class Gpt : public DecoderModel {
     }
   }
   torch::Tensor forward(const torch::Tensor& tokens) override {
-    const int64_t S = tokens.size(1);
-    auto pos = torch::arange(S, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
-    torch::Tensor h = boundary("embed", tok_->forward(tokens) + pos_->forward(pos).unsqueeze(0));
+    torch::Tensor h = boundary("embed", embed(tokens));
     for (size_t i = 0; i < blocks_.size(); ++i) {
       auto& b = blocks_[i];
       h = run_block(static_cast<int64_t>(i), *b, [&b](const torch::Tensor& in) { return b->forward(in); }, h);
       h = boundary("block" + std::to_string(i), h);
     }
-    // The LM head is tied to the token embedding (GPT-2), so gpt-125m has GPT-2 small's 124M.
-    return boundary("head", torch::linear(ln_f_->forward(h), tok_->weight));
+    // The LM head is tied to the token embedding (GPT-2), so gpt-125m has GPT-2 small's 124M; under tp
+    // it is this rank's vocabulary rows (column-parallel), with the loss on the shards.
+    if (!tp_.active()) return boundary("head", torch::linear(ln_f_->forward(h), tok_->weight));
+    const torch::Tensor normed = tp_.sequence ? torch::layer_norm(h.view_as(h), {p_.width}, tensor_parallel::replicated(ln_f_->weight, tp_),
+                                                                  tensor_parallel::replicated(ln_f_->bias, tp_), ln_f_->options.eps())
+                                              : ln_f_->forward(h);
+    return boundary("head", torch::linear(tensor_parallel::enter(normed, tp_), tok_->weight));
+  }
+  // Vocabulary-parallel token embedding, column-parallel blocks, the tied head on the vocabulary shard.
+  void set_tensor_parallel(const TensorParallel& tp) override {
+    std::map<std::string, tensor_parallel::Split> splits{{"tok_emb.weight", 0}};
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      blocks_[i]->set_tensor_parallel(tp);
+      for (const auto& [name, split] : TransformerBlock::tensor_parallel_splits()) splits["block" + std::to_string(i) + "." + name] = split;
+    }
+    shard_parameters(splits, tp);
   }
   std::vector<torch::nn::Module*> blocks() override {
     std::vector<torch::nn::Module*> out;
@@ -422,6 +435,19 @@ class Gpt : public DecoderModel {
   }
 
  private:
+  // Tokens plus learned positions; under tp the vocabulary-parallel lookup (summed over the tp ranks,
+  // or reduce-scattered to this rank's sequence shard) plus the positions of this rank's tokens, whose
+  // table is whole on every rank (its gradient summed over the shards that used its rows).
+  torch::Tensor embed(const torch::Tensor& tokens) {
+    const int64_t S = tokens.size(1);
+    const auto longs = torch::TensorOptions().dtype(torch::kLong).device(tokens.device());
+    if (!tp_.active()) return tok_->forward(tokens) + pos_->forward(torch::arange(S, longs)).unsqueeze(0);
+    const torch::Tensor h = tensor_parallel::vocab_embedding(tokens, tok_->weight, tp_);
+    const int64_t first = tp_.sequence ? tp_.rank * h.size(1) : 0;
+    const torch::Tensor table = tp_.sequence ? tensor_parallel::replicated(pos_->weight, tp_) : pos_->weight;
+    return h + torch::embedding(table, torch::arange(first, first + h.size(1), longs)).unsqueeze(0);
+  }
+
   nn::Embedding tok_{nullptr}, pos_{nullptr};
   std::vector<std::shared_ptr<TransformerBlock>> blocks_;
   nn::LayerNorm ln_f_{nullptr};
@@ -440,20 +466,25 @@ TransformerBlock::TransformerBlock(int64_t d, int64_t heads, double dropout, boo
 }
 
 // x stays fp32 (the residual stream): LayerNorm is always fed fp32, as autocast's fp32 list wants.
-// Dropout at p = 0 returns its input without drawing, so the ViT's calls cost nothing.
+// Dropout at p = 0 returns its input without drawing, so the ViT's calls cost nothing. Under tensor
+// parallelism x is [B, S, D] on every tp rank, or its sequence shard; the heads are this rank's.
 torch::Tensor TransformerBlock::forward(const torch::Tensor& x) {
-  const int64_t B = x.size(0), S = x.size(1), D = x.size(2), Dh = D / heads_;
-  const auto qkv = linear(qkv_, ln1_->forward(x));
-  // The attention core: the S x S scores, softmax and dropout live only in here.
-  auto core = [this, B, S, D, Dh](const torch::Tensor& packed) {
-    auto heads = packed.view({B, S, 3, heads_, Dh}).permute({2, 0, 3, 1, 4});
+  const auto qkv = linear(qkv_, tensor_parallel::enter(norm(ln1_, x), tp_));
+  const int64_t B = qkv.size(0), S = qkv.size(1), H = heads_ / tp_.degree, Dh = d_ / heads_, D = H * Dh;
+  // The attention core: the S x S scores, softmax and dropout live only in here (this rank's heads:
+  // their dropout draws from the model-parallel generator under tp).
+  auto core = [this, B, S, H, D, Dh](const torch::Tensor& packed) {
+    auto heads = packed.view({B, S, 3, H, Dh}).permute({2, 0, 3, 1, 4});
     auto q = heads[0], k = heads[1], v = heads[2];  // [B,H,S,Dh]
     if (sdpa_) {
       // One fused call: no S x S tensor is kept where the kernel avoids it (flash, memory-efficient).
       if (backend_.empty()) backend_ = sdpa_backend(q, k, v, causal_, false);
       const double p = is_training() ? dropout_ : 0.0, scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+      const std::function<torch::Tensor()> fused = [&] { return at::scaled_dot_product_attention(q, k, v, {}, p, causal_, scale); };
+      // The kernel's own dropout draws from the tracker's generator under tp.
+      const bool forked = tp_.active() && p > 0;
       return sac_attention(q, k, v, causal_, scale, false, p,
-                           [&] { return at::scaled_dot_product_attention(q, k, v, {}, p, causal_, scale); })
+                           [&] { return forked ? tensor_parallel::rng_tracker().fork(q.device(), fused) : fused(); })
           .transpose(1, 2)
           .reshape({B, S, D});
     }
@@ -464,14 +495,37 @@ torch::Tensor TransformerBlock::forward(const torch::Tensor& x) {
     torch::Tensor causal;
     if (causal_) causal = torch::ones({S, S}, torch::TensorOptions().dtype(torch::kBool).device(packed.device())).triu(1);
     auto att = torch::softmax(causal_ ? scores.masked_fill(causal, -std::numeric_limits<float>::infinity()) : scores, -1);
-    att = torch::dropout(att, dropout_, is_training());
+    att = tensor_parallel::split_dropout(att, dropout_, is_training(), tp_);
     return sac_matmul(att, v).transpose(1, 2).reshape({B, S, D});
   };
   const bool recompute_core = policy_.kind == CheckpointPolicy::Kind::Selective && is_training() && torch::GradMode::is_enabled();
   auto y = recompute_core ? checkpoint(core, qkv, {}, policy_.restore_rng, policy_.check) : core(qkv);
-  auto h = x + torch::dropout(linear(proj_, y), dropout_, is_training());
-  auto m = linear(fc_proj_, torch::gelu(linear(fc_, ln2_->forward(h))));
-  return h + torch::dropout(m, dropout_, is_training());
+  auto h = x + residual_dropout(row_parallel(proj_, y));
+  auto m = row_parallel(fc_proj_, torch::gelu(linear(fc_, tensor_parallel::enter(norm(ln2_, h), tp_))));
+  return h + residual_dropout(m);
+}
+
+// Under sequence parallelism the norm runs on this rank's tokens: an identity first (as DTensor's
+// SequenceParallel wraps the input) and the whole weight and bias, whose gradients the ranks sum.
+torch::Tensor TransformerBlock::norm(nn::LayerNorm ln, const torch::Tensor& x) {
+  if (!tp_.sequence) return ln->forward(x);
+  return torch::layer_norm(x.view_as(x), {d_}, tensor_parallel::replicated(ln->weight, tp_),
+                           tensor_parallel::replicated(ln->bias, tp_), ln->options.eps());
+}
+
+torch::Tensor TransformerBlock::row_parallel(const nn::Linear& layer, const torch::Tensor& x) {
+  if (!tp_.active()) return linear(layer, x);
+  const torch::Tensor reduced = tensor_parallel::leave(sac_linear(x, layer->weight, {}), tp_);
+  return reduced + (tp_.sequence ? tensor_parallel::replicated(layer->bias, tp_) : layer->bias);
+}
+
+// Whole on every tp rank: the default generator, alike on every rank; on sequence shards: the tracker's.
+torch::Tensor TransformerBlock::residual_dropout(const torch::Tensor& x) {
+  return tp_.sequence ? tensor_parallel::split_dropout(x, dropout_, is_training(), tp_) : torch::dropout(x, dropout_, is_training());
+}
+
+std::map<std::string, tensor_parallel::Split> TransformerBlock::tensor_parallel_splits() {
+  return {{"qkv.weight", {0, 3}}, {"qkv.bias", {0, 3}}, {"fc.weight", 0}, {"fc.bias", 0}, {"proj.weight", 1}, {"fc_proj.weight", 1}};
 }
 
 double TransformerBlock::forward_flops(int64_t tokens) const {

@@ -101,12 +101,12 @@ class ReferenceModel : public torch::nn::Module {
   // without layers to split.
   virtual void set_tensor_parallel(const TensorParallel& tp);
   const TensorParallel& tensor_parallel() const { return tp_; }
-  // The dimension a parameter is split along across the tp ranks (-1: whole on every rank).
-  int64_t tensor_parallel_dim(const std::string& name) const;
+  // How a parameter is split across the tp ranks (none: whole on every rank).
+  std::optional<tensor_parallel::Split> tensor_parallel_split(const std::string& name) const;
 
  protected:
-  // Replaces each named parameter's data with this rank's block along its dimension.
-  void shard_parameters(const std::map<std::string, int64_t>& dims, const TensorParallel& tp);
+  // Replaces each named parameter's data with this rank's block of it.
+  void shard_parameters(const std::map<std::string, tensor_parallel::Split>& splits, const TensorParallel& tp);
   TensorParallel tp_;
   torch::Tensor boundary(const std::string& block, torch::Tensor x) {
     return boundary_ ? boundary_(block, std::move(x)) : x;
@@ -132,7 +132,7 @@ class ReferenceModel : public torch::nn::Module {
   std::string cross_entropy_ = "eager";
   CheckpointPolicy checkpoint_;
   BlockWrapper block_wrapper_;
-  std::map<std::string, int64_t> tp_dims_;
+  std::map<std::string, tensor_parallel::Split> tp_splits_;
 };
 
 // The decoders (GPT, Llama): parameters, tokens and FLOPs follow from the shape alone
@@ -171,8 +171,19 @@ class TransformerBlock : public torch::nn::Module {
   double forward_flops(int64_t tokens) const;     // per sample
   void set_policy(const CheckpointPolicy& p) { policy_ = p; }
   const std::string& backend() const { return backend_; }
+  // GPT under tensor parallelism: this rank's heads of the fused q, k, v projection (3 groups split by
+  // heads) and units of fc column-parallel, proj and fc_proj row-parallel with their biases added
+  // after the reduction; the norms whole (suites/parallel/tensor_parallel.hpp).
+  void set_tensor_parallel(const TensorParallel& tp) { tp_ = tp; }
+  // The split of each of the block's parameters (by the name under the block).
+  static std::map<std::string, tensor_parallel::Split> tensor_parallel_splits();
 
  private:
+  torch::Tensor norm(torch::nn::LayerNorm ln, const torch::Tensor& x);
+  // A row-parallel linear: this rank's partial product, reduced (or reduce-scattered), then the bias.
+  torch::Tensor row_parallel(const torch::nn::Linear& layer, const torch::Tensor& x);
+  torch::Tensor residual_dropout(const torch::Tensor& x);
+  TensorParallel tp_;
   int64_t d_, heads_;
   double dropout_;
   bool causal_, sdpa_;

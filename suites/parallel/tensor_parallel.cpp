@@ -1,5 +1,7 @@
 #include "suites/parallel/tensor_parallel.hpp"
 
+#include <mutex>
+
 #include "suites/parallel/comm.hpp"
 
 namespace trainscope::suites::tensor_parallel {
@@ -87,7 +89,8 @@ struct ScatterSequence : torch::autograd::Function<ScatterSequence> {  // g with
 struct VocabCrossEntropy : torch::autograd::Function<VocabCrossEntropy> {
   static constexpr int64_t kIgnore = -100;
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits, const torch::Tensor& target, TensorParallel tp) {
-    const torch::Tensor x = logits.to(torch::kFloat).contiguous();
+    // fp32 at least (fp64 stays fp64), as ReferenceModel::loss takes the logits.
+    const torch::Tensor x = logits.to(at::promote_types(logits.scalar_type(), torch::kFloat)).contiguous();
     torch::Tensor x_max = torch::amax(x, 1, /*keepdim=*/true);
     tp.group->all_reduce_max(x_max);
     const torch::Tensor shifted = x - x_max;
@@ -120,18 +123,76 @@ struct VocabCrossEntropy : torch::autograd::Function<VocabCrossEntropy> {
 
 }  // namespace
 
-torch::Tensor shard(const torch::Tensor& full, int64_t dim, const TensorParallel& tp) {
-  return full.chunk(tp.degree, dim)[tp.rank].contiguous().clone();
+torch::Tensor shard(const torch::Tensor& full, const Split& split, const TensorParallel& tp) {
+  std::vector<torch::Tensor> mine;
+  for (const torch::Tensor& group : full.chunk(split.groups, split.dim)) mine.push_back(group.chunk(tp.degree, split.dim)[tp.rank]);
+  return torch::cat(mine, split.dim).contiguous().clone();
 }
 
-torch::Tensor unshard(const torch::Tensor& local, int64_t dim, const TensorParallel& tp) {
+torch::Tensor unshard(const torch::Tensor& local, const Split& split, const TensorParallel& tp) {
   const torch::Tensor x = local.detach().contiguous();
   torch::Tensor full = torch::empty({tp.degree * x.numel()}, x.options());
   tp.group->all_gather(full, x.reshape({-1}));
   std::vector<int64_t> blocks{tp.degree};
   for (int64_t d : x.sizes()) blocks.push_back(d);
-  std::vector<torch::Tensor> parts = full.view(blocks).unbind(0);
-  return torch::cat(parts, dim);
+  const std::vector<torch::Tensor> ranks = full.view(blocks).unbind(0);
+  std::vector<torch::Tensor> whole;  // group by group, each the ranks' blocks of it in rank order
+  for (int64_t g = 0; g < split.groups; ++g)
+    for (const torch::Tensor& r : ranks) whole.push_back(r.chunk(split.groups, split.dim)[g]);
+  return torch::cat(whole, split.dim);
+}
+
+namespace {
+
+at::Generator default_generator(const torch::Device& d) { return at::globalContext().defaultGenerator(d); }
+
+}  // namespace
+
+void RngTracker::seed(uint64_t s) {
+  seeded_ = true;
+  seed_ = s;
+  state_ = at::Tensor();
+}
+
+void RngTracker::reset() {
+  seeded_ = false;
+  state_ = at::Tensor();
+}
+
+torch::Tensor RngTracker::fork(const torch::Device& device, const std::function<torch::Tensor()>& draw) {
+  if (!seeded_) return draw();
+  at::Generator gen = default_generator(device);
+  at::Tensor outside;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    outside = gen.get_state();
+    if (state_.defined()) gen.set_state(state_);
+    else gen.set_current_seed(seed_);  // the first draw: the tracker's stream starts at its seed
+  }
+  torch::Tensor y = draw();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  state_ = gen.get_state();
+  gen.set_state(outside);
+  return y;
+}
+
+torch::Tensor RngTracker::dropout(const torch::Tensor& x, double p, bool train) {
+  if (!train || p <= 0) return torch::dropout(x, p, train);
+  return fork(x.device(), [&] { return torch::dropout(x, p, train); });
+}
+
+at::Tensor RngTracker::snapshot() const {
+  if (state_.defined()) return state_;
+  return torch::tensor({seeded_ ? static_cast<int64_t>(seed_) : int64_t{-1}});
+}
+
+RngTracker& rng_tracker() {
+  static RngTracker tracker;
+  return tracker;
+}
+
+torch::Tensor split_dropout(const torch::Tensor& x, double p, bool train, const TensorParallel& tp) {
+  return tp.active() ? rng_tracker().dropout(x, p, train) : torch::dropout(x, p, train);
 }
 
 torch::Tensor enter(const torch::Tensor& x, const TensorParallel& tp) {

@@ -15,8 +15,13 @@
 //                    whole on every rank; where each rank's use gives only part of the gradient (norms on
 //                    sequence shards, key/value heads shared by ranks) the weight passes `replicated`,
 //                    whose backward all-reduces it.
+//   dropout          inside a region split by tp (attention over this rank's heads; with sequence
+//                    parallelism, every sequence shard) from Megatron's model-parallel generator (seed +
+//                    2718 + tp rank: the tp ranks' masks differ); where the tensor is whole on every tp
+//                    rank, from the default generator, seeded alike (the masks match).
 // Every collective runs inside autograd in the graph's order, which is the same on every rank of the group.
 #include <cstdint>
+#include <functional>
 
 #include <torch/torch.h>
 
@@ -33,10 +38,45 @@ struct TensorParallel {
 
 namespace tensor_parallel {
 
-// This rank's contiguous block of `full` along dim (a copy: the parameter's storage is its own).
-torch::Tensor shard(const torch::Tensor& full, int64_t dim, const TensorParallel& tp);
-// The whole tensor from every rank's block along dim (a collective over the tp group).
-torch::Tensor unshard(const torch::Tensor& local, int64_t dim, const TensorParallel& tp);
+// How a parameter is split: along `dim`, in `groups` equal parts each split over the tp ranks (GPT's
+// fused q, k, v projection: 3 groups, so that each rank holds its heads of each).
+struct Split {
+  int64_t dim = 0, groups = 1;
+  Split(int64_t d = 0, int64_t g = 1) : dim(d), groups(g) {}
+};
+
+// This rank's block of `full` (a copy: the parameter's storage is its own).
+torch::Tensor shard(const torch::Tensor& full, const Split& split, const TensorParallel& tp);
+// The whole tensor from every rank's block (a collective over the tp group).
+torch::Tensor unshard(const torch::Tensor& local, const Split& split, const TensorParallel& tp);
+
+// Megatron's model-parallel RNG tracker (megatron/core/tensor_parallel/random.py), one per process:
+// seeded once per run, its state swapped into the default generator of the tensor's device around each
+// draw inside a tp region, so that torch::dropout itself is unchanged. Activation checkpointing saves
+// and restores its state with the default generator's (suites/techniques/checkpoint.cpp).
+class RngTracker {
+ public:
+  void seed(uint64_t s);
+  void reset();  // unseeded: dropout() draws from the default generator
+  bool seeded() const { return seeded_; }
+  at::Tensor state() const { return state_; }  // undefined until the first draw
+  void set_state(const at::Tensor& s) { state_ = s; }
+  // `draw` run with the tracker's state in the default generator of `device` (unseeded: as it is).
+  torch::Tensor fork(const torch::Device& device, const std::function<torch::Tensor()>& draw);
+  // torch::dropout with the tracker's generator.
+  torch::Tensor dropout(const torch::Tensor& x, double p, bool train);
+  // Where the tracker's stream stands (its state, or its seed before the first draw): the RNG probe's
+  // fingerprint.
+  at::Tensor snapshot() const;
+
+ private:
+  bool seeded_ = false;
+  uint64_t seed_ = 0;
+  at::Tensor state_;
+};
+RngTracker& rng_tracker();
+// Dropout in a region split by tp: the tracker's generator when tp is active, else the default one.
+torch::Tensor split_dropout(const torch::Tensor& x, double p, bool train, const TensorParallel& tp);
 
 // Before a column-parallel layer: Megatron's f (copy, or all-gather along the sequence).
 torch::Tensor enter(const torch::Tensor& x, const TensorParallel& tp);
@@ -49,7 +89,7 @@ torch::Tensor replicated(const torch::Tensor& weight, const TensorParallel& tp);
 // other ranks' rows give zeros; then `leave` (the sum over ranks, or its sequence shard).
 torch::Tensor vocab_embedding(const torch::Tensor& tokens, const torch::Tensor& weight_shard, const TensorParallel& tp);
 // Mean cross-entropy of vocabulary-sharded logits [N, V / tp] against targets [N] (values in [0, V)),
-// in fp32: all-reduces of the row max, the sum of exponentials and the target's log-probability;
+// in fp32 at least: all-reduces of the row max, the sum of exponentials and the target's log-probability;
 // backward (softmax - onehot) / N on the shard, without communication (DTensor's loss_parallel).
 torch::Tensor vocab_cross_entropy(const torch::Tensor& logits_shard, const torch::Tensor& target, const TensorParallel& tp);
 

@@ -191,6 +191,7 @@ struct Recompute : torch::CustomClassHolder {
   bool restore_rng = true, check = false;
   torch::Device device{torch::kCPU};
   at::Tensor cpu_rng, device_rng;
+  at::Tensor tp_rng;  // tensor parallelism's model-parallel generator (Megatron's CheckpointFunction keeps it too)
   at::Tensor original;  // the forward output, kept only for the determinism check
   std::unique_ptr<SacState> sac;  // selective-op: the operators' outputs the forward kept
   bool autocast = false;
@@ -205,6 +206,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     if (r->restore_rng) {
       r->cpu_rng = rng_state(torch::kCPU);
       if (!x.device().is_cpu()) r->device_rng = rng_state(x.device());
+      r->tp_rng = tensor_parallel::rng_tracker().state();
     }
     r->autocast = compat::autocast_enabled(x.device().type());
     r->autocast_dtype = compat::autocast_dtype(x.device().type());
@@ -229,8 +231,10 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     torch::Tensor x = saved.detach().requires_grad_(input_grad);
 
     // Re-run the block under the RNG and autocast state of the forward pass, then put the RNG back.
-    at::Tensor cpu_now, device_now;
+    at::Tensor cpu_now, device_now, tp_now;
     if (r->restore_rng) {
+      tp_now = tensor_parallel::rng_tracker().state();
+      tensor_parallel::rng_tracker().set_state(r->tp_rng);
       cpu_now = rng_state(torch::kCPU);
       set_rng_state(torch::kCPU, r->cpu_rng);
       if (r->device_rng.defined()) {
@@ -246,6 +250,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       y = r->fn(x);
     }
     if (r->restore_rng) {
+      tensor_parallel::rng_tracker().set_state(tp_now);
       set_rng_state(torch::kCPU, cpu_now);
       if (device_now.defined()) set_rng_state(r->device, device_now);
     }

@@ -2,11 +2,12 @@
 # ctest multinode: torchrun, mpirun and SLURM (sbatch --wait of a job script whose srun starts the
 # ranks) across 2 namespace nodes x 2 ranks, each with the command line a user types.
 #  - the report names the launcher and the nodes (node0: ranks 0, 1; node1: ranks 2, 3), report.md too;
-#  - DDP, ZeRO-3 and HSDP reach the same losses, bit for bit, as the same cells on 4 local ranks (Gloo's
+#  - DDP, ZeRO-3, HSDP and FSDP x TP reach the same losses, bit for bit, as the same cells on 4 local ranks (Gloo's
 #    ring visits the ranks in the same order whatever host they are on; HSDP's shard groups found from
 #    the hosts equal hsdp_shard_size = 2 locally); HSDP's collectives are split by level (gathers and
 #    reduce-scatters within a node, the gradient slices' all-reduce across), zero3's all cross nodes,
-#    and the report compares the three on these links;
+#    and the report compares the three on these links; dp_shard2-tp2 with sequence parallelism keeps tp
+#    inside each node (tp is the mesh's innermost dimension) and its FSDP collectives across the nodes;
 #  - torchrun's elastic restart (c10d rendezvous, --max-restarts 1): a worker killed mid-step, the
 #    restarted ranks form their group on a fresh key space and the cell records the restart;
 #  - `plan --check` predicts the 2-node cells with the link the collectives cell measured;
@@ -28,7 +29,7 @@ trap 'rm -rf "$tmp"' EXIT
 tests/multinode/cluster.sh check || exit $?
 fail() { echo "FAIL: $*"; exit 1; }
 export TRAINSCOPE="$ts" LIMIT_S=240 RATE=500mbit
-cells='mlp/ddp/ws4|gpt-tiny/zero3/ws4|gpt-tiny/hsdp/ws4'
+cells='mlp/ddp/ws4|gpt-tiny/zero3/ws4|gpt-tiny/hsdp/ws4|llama-tiny/dp_shard2-tp2-sp/ws4'
 
 launchers="torchrun mpirun sbatch"
 # The delay comes from the user-space switch, which needs TUN devices; without them the links keep
@@ -44,7 +45,7 @@ for l in $launchers; do
   [ "$l" = torchrun ] && link=(RATE=1gbit DELAY="${DELAY_MS:+${DELAY_MS}ms}")
   env "${link[@]}" OUT="$tmp/$l" FILTER="$cells" tests/multinode/run.sh "$l" --set steps=8 > "$tmp/$l.log" 2>&1 ||
     { cat "$tmp/$l.log"; fail "the 2-node $l launch failed"; }
-  phase "$l (3 cells)"
+  phase "$l (4 cells)"
 done
 timeout -k 5 240 "$ts" run --suite parallel --filter "$cells" --nproc 4 --threads 1 --set steps=8 --set hsdp_shard_size=2 --out "$tmp/local" \
   > "$tmp/local.log" 2>&1 || { cat "$tmp/local.log"; fail "the same cells on 4 local ranks failed"; }
@@ -143,8 +144,8 @@ for l in launchers:
     line = f"Ranks on 2 nodes ({launch.get('source')}): node0 (ranks 0, 1), node1 (ranks 2, 3)."
     if line not in open(f"{tmp}/{l}/report.md").read():
         errors.append(f"{l}: report.md does not say '{line}'")
-    if len(nodes["cells"]) != 3:
-        errors.append(f"{l}: {len(nodes['cells'])} cells, not 3")
+    if len(nodes["cells"]) != 4:
+        errors.append(f"{l}: {len(nodes['cells'])} cells, not 4")
     by_cell = {c["name"]: c for c in nodes["cells"]}
     levels = {}
     for row in by_cell.get("gpt-tiny/hsdp/ws4", {}).get("metrics", {}).get("comm", {}).get("collectives", []):
@@ -154,6 +155,12 @@ for l in launchers:
     z3 = {row.get("level") for row in by_cell.get("gpt-tiny/zero3/ws4", {}).get("metrics", {}).get("comm", {}).get("collectives", [])}
     if z3 != {"inter-node"}:
         errors.append(f"{l}: zero3's collectives by level: {z3}")
+    # tp innermost: each node's pair is a tp group, FSDP runs across the nodes.
+    by_dim = {}
+    for row in by_cell.get("llama-tiny/dp_shard2-tp2-sp/ws4", {}).get("metrics", {}).get("comm", {}).get("collectives", []):
+        by_dim.setdefault(row.get("dimension"), set()).add(row.get("level"))
+    if by_dim != {"tp": {"intra-node"}, "dp_shard": {"inter-node"}}:
+        errors.append(f"{l}: dp_shard2-tp2's collectives by dimension and level: {by_dim}")
     across = [r["text"] for r in nodes.get("recommendations", []) if r["id"] == "parallel.across-nodes"]
     if not across or "gpt-tiny at 4 ranks on 2 nodes: hsdp" not in across[0]:
         errors.append(f"{l}: no hsdp/zero3 comparison across nodes: {across}")
@@ -180,7 +187,7 @@ if lost.get("lost_nodes") != [{"host": "node1", "ranks": [2, 3]}]:
 # state exact, and hsdp's gradient slices predicted across the nodes.
 plan = json.load(open(f"{tmp}/plan.json"))
 rows = {r["cell"]: r for r in plan["cells"]}
-for name in ("mlp/ddp/ws4", "gpt-tiny/zero3/ws4", "gpt-tiny/hsdp/ws4"):
+for name in ("mlp/ddp/ws4", "gpt-tiny/zero3/ws4", "gpt-tiny/hsdp/ws4", "llama-tiny/dp_shard2-tp2-sp/ws4"):
     r = rows.get(name, {})
     if r.get("nodes") != 2 or r.get("model_state_error") != 0 or abs(r.get("peak_error", 1)) > 0.10:
         errors.append(f"plan --check {name}: {json.dumps(r)[:300]}")

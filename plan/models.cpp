@@ -45,7 +45,7 @@ std::string replay_unsupported(const ModelShape& m) {
 
 std::string replay_unsupported(const Replay& r) {
   if (std::string why = replay_unsupported(r.model); !why.empty()) return why;
-  if (r.tp > 1 && r.model.family != "llama") return "tensor parallelism is replayed for llama models; " + r.model.name + " is a " + r.model.family;
+  if (r.tp > 1 && !r.model.language_model()) return "tensor parallelism splits decoders; " + r.model.name + " is a " + r.model.family;
   return "";
 }
 
@@ -176,6 +176,21 @@ struct Net {
     if (!sequence_parallel()) return t.op({&partial}, partial.numel, partial.elem, {}, false, 0, ew(2 * partial.bytes()));
     return t.op({&partial}, partial.numel / r.tp, partial.elem, {}, false, 0, ew(3 * partial.bytes()), partial.bytes());
   }
+  // vocab_embedding over N tokens: the tokens outside this rank's rows masked (a bool mask and int64 local
+  // ids, saved by the masked fill and the lookup), the lookup zeroed there, then `leave`.
+  T vocab_embedding(const T& table, int64_t tokens) {
+    const int64_t D = r.model.width, e = r.num.param;
+    const T outside = t.data(tokens, 1), local = t.data(tokens, 8);
+    t.transient(tokens * 2 + tokens * 8);  // the two comparisons and the subtraction before the fill
+    const T looked = t.op({&table}, tokens * D, e, {&local}, false, 0, ew(tokens * D * e));
+    return leave(t.op({&looked}, tokens * D, e, {&outside}, false, 0, ew(2 * tokens * D * e)));
+  }
+  // A biased row-parallel layer: the biased GEMM alone, or under tp the partial product (mm), its
+  // reduction and then the bias (TransformerBlock::row_parallel).
+  T row_parallel(const T& x, const T& w, const T& b, int64_t rows, int64_t in, int64_t out) {
+    if (r.tp == 1) return linear(x, w, &b, rows, in, out);
+    return add(leave(linear(x, w, nullptr, rows, in, out)), b);
+  }
   // VocabCrossEntropy (DTensor's loss_parallel) on this rank's [rows, cols] logits: one autograd node
   // that saves the fp32 log-probabilities (and each row's local target and mask); forward's scratch is
   // the fp32 copy (unless fp32 already) and the shifted logits beside them; backward's the zeros, the
@@ -216,9 +231,12 @@ struct GptBlockParams {
 T gpt_block(Net& n, const T& x, const GptBlockParams& p, bool selective) {
   Tape& t = n.t;
   const ModelShape& m = n.r.model;
-  const int64_t B = n.r.batch, S = m.seq_len, D = m.width, H = m.heads, N = B * S;
+  // Under tensor parallelism this rank's heads and fc units; x holds S / tp of the tokens with sequence
+  // parallelism (TransformerBlock::forward).
+  const int64_t tp = n.r.tp, B = n.r.batch, S = m.seq_len, D = m.width / tp, H = m.heads / tp, N = B * S;
+  const int64_t rows = x.numel / m.width;
   const double drop = m.dropout;
-  const T qkv = n.linear(n.layer_norm(x, *p.ln1w, *p.ln1b, N), *p.qkvw, p.qkvb, N, D, 3 * D);
+  const T qkv = n.linear(n.enter(n.layer_norm(x, *p.ln1w, *p.ln1b, rows)), *p.qkvw, p.qkvb, N, m.width, 3 * D);
   auto core = [n, B, S, D, H, N, drop, sdpa = m.attention == "sdpa"](Tape& t, const T& packed) mutable -> T {
     const T q = t.part(packed, N * D), k = t.part(packed, N * D), v = t.part(packed, N * D);
     const int e = packed.elem;
@@ -248,9 +266,9 @@ T gpt_block(Net& n, const T& x, const GptBlockParams& p, bool selective) {
     return n.copy(out);  // .transpose(1, 2).reshape: a copy
   };
   const T y = selective ? t.checkpoint(core, qkv, {}, {}) : core(t, qkv);
-  const T h = n.add(x, n.dropout(n.linear(y, *p.projw, p.projb, N, D, D), drop));
-  const T mlp = n.linear(n.unary(n.linear(n.layer_norm(h, *p.ln2w, *p.ln2b, N), *p.fcw, p.fcb, N, D, 4 * D), true, false, OpKind::Activation),
-                         *p.fcpw, p.fcpb, N, 4 * D, D);
+  const T h = n.add(x, n.dropout(n.row_parallel(y, *p.projw, *p.projb, N, D, m.width), drop));
+  const T fc = n.linear(n.enter(n.layer_norm(h, *p.ln2w, *p.ln2b, rows)), *p.fcw, p.fcb, N, m.width, 4 * D);
+  const T mlp = n.row_parallel(n.unary(fc, true, false, OpKind::Activation), *p.fcpw, *p.fcpb, N, 4 * D, m.width);
   return n.add(h, n.dropout(mlp, drop));
 }
 
@@ -377,10 +395,12 @@ ParamLayout param_layout(const Replay& r) {
   const ModelShape& m = r.model;
   ParamLayout l;
   if (m.family == "gpt") {
-    const int64_t D = m.width;
-    l.root = {m.vocab * D, m.seq_len * D, D, D};
+    // One tp rank's shards (Gpt::set_tensor_parallel): the token table by vocabulary, q, k, v by heads,
+    // fc by rows, proj and fc_proj by columns; positions, norms and the row-parallel biases whole.
+    const int64_t D = m.width, tp = r.tp;
+    l.root = {m.vocab / tp * D, m.seq_len * D, D, D};
     for (int64_t i = 0; i < m.layers; ++i)
-      l.blocks.push_back({D, D, 3 * D * D, 3 * D, D * D, D, D, D, 4 * D * D, 4 * D, 4 * D * D, D});
+      l.blocks.push_back({D, D, 3 * D * D / tp, 3 * D / tp, D * D / tp, D, D, D, 4 * D * D / tp, 4 * D / tp, 4 * D * D / tp, D});
   } else if (m.family == "llama") {
     // One tp rank's shards (Llama::set_tensor_parallel): q, gate, up, o, down and the vocabulary split;
     // k and v split when tp divides the key/value heads, else whole on every rank; norms whole.
@@ -442,9 +462,12 @@ T forward_loss(Tape& t, const Replay& r, const std::vector<T>& params, const T& 
     const int64_t S = m.seq_len, D = m.width, N = B * S;
     T h;
     {
-      const T pos = t.data(S, 8);  // arange
-      const T tok = t.op({root[0]}, N * D, r.num.param, {}, false, 0, n.ew(N * D * r.num.param));
-      const T pe = t.op({root[1]}, S * D, r.num.param, {}, false, 0, n.ew(S * D * r.num.param));
+      // Under tp (Gpt::embed): the vocabulary-parallel lookup (as Llama's below), then the positions of
+      // this rank's tokens.
+      const int64_t s = r.tp > 1 && r.sequence_parallel ? S / r.tp : S;
+      const T pos = t.data(s, 8);  // arange
+      const T tok = r.tp > 1 ? n.vocab_embedding(*root[0], N) : t.op({root[0]}, N * D, r.num.param, {}, false, 0, n.ew(N * D * r.num.param));
+      const T pe = t.op({root[1]}, s * D, r.num.param, {}, false, 0, n.ew(s * D * r.num.param));
       h = n.boundary(n.add(tok, pe));
     }
     for (size_t i = 0; i < blocks.size(); ++i) {
@@ -454,7 +477,7 @@ T forward_loss(Tape& t, const Replay& r, const std::vector<T>& params, const T& 
       h = run_block(t, r, i, fn, h, b);
       h = n.boundary(h);
     }
-    T logits = n.boundary(n.linear(n.layer_norm(h, *root[2], *root[3], N), *root[0], nullptr, N, D, m.vocab));
+    T logits = n.boundary(n.linear(n.enter(n.layer_norm(h, *root[2], *root[3], h.numel / D)), *root[0], nullptr, N, D, m.vocab / r.tp));
     h = T();
     return n.loss(logits, N, m.vocab);
   }
@@ -462,12 +485,7 @@ T forward_loss(Tape& t, const Replay& r, const std::vector<T>& params, const T& 
     const int64_t S = m.seq_len, D = m.width, N = B * S;
     T h;
     if (r.tp > 1) {
-      // vocab_embedding: the tokens outside this rank's rows masked (a bool mask and int64 local ids,
-      // saved by the masked fill and the lookup), the lookup zeroed there, then summed over tp.
-      const T outside = t.data(N, 1), local = t.data(N, 8);
-      t.transient(N * 2 + N * 8);  // the two comparisons and the subtraction before the fill
-      const T looked = t.op({root[0]}, N * D, r.num.param, {&local}, false, 0, n.ew(N * D * r.num.param));
-      h = n.boundary(n.leave(t.op({&looked}, N * D, r.num.param, {&outside}, false, 0, n.ew(2 * N * D * r.num.param))));
+      h = n.boundary(n.vocab_embedding(*root[0], N));
     } else {
       h = n.boundary(t.op({root[0]}, N * D, r.num.param, {}, false, 0, n.ew(N * D * r.num.param)));
     }

@@ -35,7 +35,7 @@ struct Replay {
   int64_t channels = 1, height = 28, width = 28, classes = 10;  // image data
   std::string checkpoint = "none";                                // none | full | every:k | selective
   std::string cross_entropy = "eager";                            // eager | fused (ReferenceModel::loss)
-  // Tensor parallelism (suites/parallel/tensor_parallel.hpp, Llama): this rank's shard of every split
+  // Tensor parallelism (suites/parallel/tensor_parallel.hpp, GPT and Llama): this rank's shard of every split
   // layer, the vocabulary-parallel embedding, head and loss; with sequence parallelism the norms and
   // residuals on S / tp of the tokens.
   int64_t tp = 1;

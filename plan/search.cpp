@@ -69,12 +69,11 @@ std::vector<std::string> axis(const PlanRequest& r, const std::string& key, std:
 
 // Tensor-parallel degrees: 1 and each power of two up to a node's GPUs (its collectives run at every
 // layer, so it stays on a node's fast links, as Megatron and torchtitan place it) that divides the ranks
-// and the model's heads, FFN and vocabulary (core/layout.hpp: check_layout_fits); llama only, as the
-// replay splits it. `--set tp` fixes one, inside a node or not.
+// and the model's heads, FFN and vocabulary (core/layout.hpp: check_layout_fits). `--set tp` fixes one,
+// inside a node or not.
 std::vector<int64_t> tp_degrees(const PlanRequest& r) {
   if (auto f = r.fixed.find("tp"); f != r.fixed.end()) return {std::stoll(f->second)};
   std::vector<int64_t> out = {1};
-  if (r.model.family != "llama") return out;
   for (int64_t tp = 2; tp <= r.cluster.gpus_per_node && r.cluster.ranks() % tp == 0; tp *= 2) {
     ParallelLayout l;
     l.tp = tp;

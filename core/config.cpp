@@ -88,6 +88,9 @@ const std::vector<KeySpec>& config_keys() {
       {"sequence_parallel", KeyKind::Bool, {}, false,
        "tp: norms and residuals on sequence shards, each all-reduce as a reduce-scatter and an all-gather (Megatron's "
        "sequence parallelism; the gathered input of the column-parallel layers kept for backward, as DTensor keeps it)"},
+      {"sp_regather", KeyKind::Bool, {}, false,
+       "sequence parallelism: keep only each column-parallel layer's input shard and all-gather it again in backward, as "
+       "Megatron does (default: keep the gathered input, as DTensor does)"},
       {"pp", KeyKind::Int, {}, 1, "layout: pipeline stages", 1},
       {"cp", KeyKind::Int, {}, 1, "layout: context-parallel ranks the sequence is split over", 1},
       {"layout", KeyKind::String, {}, "",
@@ -364,6 +367,7 @@ static void for_each_field(Config& c, Visit&& v) {
   v("dp_shard", c.dp_shard);
   v("tp", c.tp);
   v("sequence_parallel", c.sequence_parallel);
+  v("sp_regather", c.sp_regather);
   v("pp", c.pp);
   v("cp", c.cp);
   v("layout", c.layout);
@@ -458,7 +462,11 @@ RunConfig RunConfig::from_json(const json& j) {
     if (layout.tp > 1 && c.grad_clip > 0)
       throw UsageError("grad_clip with tp is not implemented in this build (the norm needs every tp shard's sum)");
     if (c.sequence_parallel && layout.tp == 1) throw UsageError("sequence_parallel = true splits what tp splits; it needs tp > 1");
-  } else if (c.sequence_parallel) {
+    if (c.sp_regather && !c.sequence_parallel) throw UsageError("sp_regather = true re-gathers sequence shards; it needs sequence_parallel = true");
+    if (c.sp_regather && (!precision_traits(c.precision).autocast.empty() || c.checkpoint == "selective-op"))
+      throw UsageError("sp_regather = true runs its GEMMs itself: not under autocast (" + c.precision +
+                       ") or selective-op checkpointing in this build");
+  } else if (c.sequence_parallel || c.sp_regather) {
     throw UsageError("sequence_parallel = true splits what tp splits; it needs tp > 1");
   }
   if (c.reduce_dtype != "fp32" && precision_traits(c.precision).master.empty())

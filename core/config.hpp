@@ -59,6 +59,7 @@ struct RunConfig {
   // The parallel layout's degrees (core/layout.hpp), or all of them at once as `layout` ("dp_shard2-tp2").
   int64_t dp_replicate = 1, dp_shard = 1, tp = 1, pp = 1, cp = 1;
   bool sequence_parallel = false;  // tp: Megatron's sequence parallelism
+  bool sp_regather = false;        // sequence parallelism: re-gather the column-parallel inputs in backward (Megatron)
   std::string layout;
   std::string backend = "auto";
   double bucket_mb = 25.0;

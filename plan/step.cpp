@@ -54,6 +54,7 @@ StepSetup step_setup(const RunConfig& c, bool cuda) {
   s.layout = resolve_layout(c);
   s.replay.tp = s.layout.tp;
   s.replay.sequence_parallel = c.sequence_parallel;
+  if (c.sp_regather) throw UsageError("sp_regather: the planner replays the gathered input kept for backward (DTensor's), not Megatron's re-gathering");
   if (s.layout.shard_by_host) {  // hsdp by node, planned on one node: zero3 over its ranks (a check reads the run's)
     s.layout.shard_by_host = false;
   }

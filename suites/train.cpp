@@ -203,6 +203,7 @@ Trainer::Trainer(const RunConfig& config, const std::string& device, Communicato
     tp.rank = mesh_->coordinate("tp");
     tp.degree = mesh_->layout().tp;
     tp.sequence = config.sequence_parallel;
+    tp.regather = config.sp_regather;
     model_->set_tensor_parallel(tp);
     // Megatron's model-parallel generator, seed + 2718 + tp rank (tensor_parallel/random.py:
     // model_parallel_cuda_manual_seed); tp-same-dropout-seed (a fault) leaves the tp rank out.

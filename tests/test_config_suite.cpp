@@ -370,6 +370,9 @@ TEST(Layout, TheConfigurationChecksIt) {
   EXPECT_EQ(RunConfig::from_json({{"model", "llama-tiny"}, {"tp", 2}, {"sequence_parallel", true}}).world_size, 2);
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"sequence_parallel", true}}), "needs tp > 1");
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"tp", 2}, {"grad_clip", 1.0}}), "grad_clip with tp");
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"tp", 2}, {"sp_regather", true}}), "needs sequence_parallel = true");
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"tp", 2}, {"sequence_parallel", true}, {"sp_regather", true},
+                                          {"precision", "bf16-mixed"}}), "not under autocast (bf16-mixed)");
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "gpt-tiny"}, {"dp_replicate", 2}, {"dp_shard", 2}, {"parallel", "zero2"},
                                           {"world_size", 4}}), "means dp_shard4");
   EXPECT_THAT_ERROR(RunConfig::from_json({{"reduce_dtype", "bf16"}}), "applies to precisions with fp32 masters");

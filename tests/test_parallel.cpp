@@ -351,7 +351,8 @@ TEST(Parallel, BadLayoutsAreOneLineErrors) {
 // region (attention's heads; with sequence parallelism every shard) draws from Megatron's
 // model-parallel generator, different on the tp ranks; a recomputed block draws the same masks again
 // (checkpoint_check: recomputation equal to the forward, on both attention paths); one model-parallel
-// seed for all tp ranks (tp-same-dropout-seed) is caught by the RNG probe.
+// seed for all tp ranks (tp-same-dropout-seed) is caught by the RNG probe. sp_regather (Megatron's
+// re-gathering in backward) trains the same model with the activations and communication it predicts.
 TEST(Parallel, GptTensorParallelEqualsOneProcessAndSplitsItsDropout) {
   const SuiteRun run = run_suite_text("gpt-tp", R"(
 name = "gpt-tp"
@@ -381,6 +382,19 @@ tp = 2
 sequence_parallel = true
 checkpoint = "full"
 [[cells]]
+name = "tp2-sp-regather"
+tp = 2
+sequence_parallel = true
+sp_regather = true
+[[cells]]
+name = "dropout/tp2-sp-regather-full"
+tp = 2
+sequence_parallel = true
+sp_regather = true
+checkpoint = "full"
+dropout = 0.1
+checkpoint_check = true
+[[cells]]
 name = "dropout/tp2-sp-full"
 tp = 2
 sequence_parallel = true
@@ -403,7 +417,7 @@ inject = "tp-same-dropout-seed"
   ASSERT_EQ(run.result.code, 0) << run.result.out;
   const auto single = load_params(run.out + "/cells/single.params.pt");
   ASSERT_FALSE(single.empty());
-  for (const std::string cell : {"tp2", "tp2-sp", "tp2-sp-full"}) {
+  for (const std::string cell : {"tp2", "tp2-sp", "tp2-sp-full", "tp2-sp-regather"}) {
     const auto r0 = load_params(run.out + "/cells/" + cell + ".rank0.params.pt");
     const auto r1 = load_params(run.out + "/cells/" + cell + ".rank1.params.pt");
     ASSERT_EQ(r0.size(), single.size()) << cell;
@@ -419,7 +433,16 @@ inject = "tp-same-dropout-seed"
     ADD_FAILURE() << cell["name"] << " has no tp-dropout-generator stream";
     return json::object();
   };
-  for (const char* name : {"dropout/tp2-sp-full", "dropout/tp2-sdpa-full"}) {
+  // Megatron's re-gathering keeps each column-parallel input's sequence shard instead of the gathered
+  // input (2 per block and the head's: 2L + 1 = 5 of [B, S, D] = 8 x 64 x 64 fp64 values, 262,144 B each,
+  // of which a shard is half) and all-gathers each once more in backward.
+  const double gathered = 8.0 * 64 * 64 * 8, enters = 5;
+  auto metric = [&](const char* name) { return cell_named(run.report, name)["metrics"]; };
+  EXPECT_EQ(metric("tp2-sp")["memory"]["activation_bytes"].get<double>() - metric("tp2-sp-regather")["memory"]["activation_bytes"].get<double>(),
+            enters * gathered / 2);
+  EXPECT_EQ(metric("tp2-sp-regather")["comm"]["dimensions"]["tp"]["bytes"].get<double>() - metric("tp2-sp")["comm"]["dimensions"]["tp"]["bytes"].get<double>(),
+            enters * gathered);
+  for (const char* name : {"dropout/tp2-sp-full", "dropout/tp2-sdpa-full", "dropout/tp2-sp-regather-full"}) {
     const json cell = cell_named(run.report, name);
     EXPECT_EQ(cell["status"], "ok") << name;
     EXPECT_GT(cell["checkpoint_determinism"]["compared"].get<int64_t>(), 0) << name;

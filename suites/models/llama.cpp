@@ -22,6 +22,7 @@ namespace nn = torch::nn;
 
 // Every projection goes through the op-level checkpoint's operator (project() outside one).
 torch::Tensor linear(const nn::Linear& layer, const torch::Tensor& x) { return sac_linear(x, layer->weight, layer->bias); }
+torch::Tensor project(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) { return sac_linear(x, w, b); }
 
 nn::Linear no_bias(int64_t in, int64_t out) { return nn::Linear(nn::LinearOptions(in, out).bias(false)); }
 
@@ -122,11 +123,12 @@ class LlamaBlock : public nn::Module {
   // projections hold this rank's heads and MLP units (tensor_parallel.hpp).
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& mask) {
     const torch::Tensor residual = x;
-    const torch::Tensor normed = tensor_parallel::enter(input_layernorm_->forward(x, tp_), tp_);
-    const int64_t B = normed.size(0), S = normed.size(1);
-    const torch::Tensor q = linear(q_proj_, normed).view({B, S, -1, head_dim_}).transpose(1, 2);
-    const torch::Tensor k = kv_projection(k_proj_, normed).view({B, S, -1, head_dim_}).transpose(1, 2);
-    const torch::Tensor v = kv_projection(v_proj_, normed).view({B, S, -1, head_dim_}).transpose(1, 2);
+    const std::vector<torch::Tensor> qkv = tensor_parallel::column_parallel(
+        input_layernorm_->forward(x, tp_), {q_proj_->weight, kv_weight(k_proj_), kv_weight(v_proj_)}, {}, tp_, project);
+    const int64_t B = qkv[0].size(0), S = qkv[0].size(1);
+    const torch::Tensor q = qkv[0].view({B, S, -1, head_dim_}).transpose(1, 2);
+    const torch::Tensor k = qkv[1].view({B, S, -1, head_dim_}).transpose(1, 2);
+    const torch::Tensor v = qkv[2].view({B, S, -1, head_dim_}).transpose(1, 2);
     // (q * cos) + (rotate_half(q) * sin), in HF's order; the products die with the sum, as Python's do.
     const torch::Tensor q_embed = apply_rotary(q, cos, sin);
     const torch::Tensor k_embed = apply_rotary(k, cos, sin);
@@ -160,10 +162,16 @@ class LlamaBlock : public nn::Module {
     const torch::Tensor attn = recompute ? checkpoint(core, q_embed, {k_embed, v}, policy_.restore_rng, policy_.check)
                                          : core(q_embed);
     const torch::Tensor h = residual + tensor_parallel::leave(linear(o_proj_, attn), tp_);
-    const torch::Tensor normed2 = tensor_parallel::enter(post_attention_layernorm_->forward(h, tp_), tp_);
-    const torch::Tensor gate = torch::silu(linear(gate_proj_, normed2));
-    const torch::Tensor up = linear(up_proj_, normed2);
-    return h + tensor_parallel::leave(linear(down_proj_, gate * up), tp_);
+    // HF's order, SiLU before the up projection (the activations' peak is compared to the byte), unless
+    // one node computes both (Megatron's re-gathering).
+    const torch::Tensor normed2 = post_attention_layernorm_->forward(h, tp_);
+    if (tp_.active() && tp_.sequence && tp_.regather) {
+      const auto gate_up = tensor_parallel::column_parallel(normed2, {gate_proj_->weight, up_proj_->weight}, {}, tp_, project);
+      return h + tensor_parallel::leave(linear(down_proj_, torch::silu(gate_up[0]) * gate_up[1]), tp_);
+    }
+    const torch::Tensor in = tensor_parallel::enter(normed2, tp_);
+    const torch::Tensor gate = torch::silu(linear(gate_proj_, in));
+    return h + tensor_parallel::leave(linear(down_proj_, gate * linear(up_proj_, in)), tp_);
   }
   void set_policy(const CheckpointPolicy& p) { policy_ = p; }
   void set_tensor_parallel(const TensorParallel& tp) { tp_ = tp; }
@@ -173,10 +181,11 @@ class LlamaBlock : public nn::Module {
   const std::string& backend() const { return backend_; }
 
  private:
-  torch::Tensor kv_projection(const nn::Linear& layer, const torch::Tensor& x) const {
-    if (kv_split()) return linear(layer, x);
+  // This rank's key/value weight: its shard, or the one head its query heads read of the whole weight.
+  torch::Tensor kv_weight(const nn::Linear& layer) const {
+    if (kv_split()) return layer->weight;
     const int64_t head = tp_.rank / (tp_.degree / kv_heads_);
-    return sac_linear(x, tensor_parallel::replicated(layer->weight, tp_).narrow(0, head * head_dim_, head_dim_), {});
+    return tensor_parallel::replicated(layer->weight, tp_).narrow(0, head * head_dim_, head_dim_);
   }
   int64_t heads_, kv_heads_, head_dim_;
   bool sdpa_;
@@ -215,8 +224,10 @@ class Llama : public DecoderModel {
                     [&b, cos, sin, mask](const torch::Tensor& in) { return b->forward(in, cos, sin, mask); }, h);
       h = boundary("block" + std::to_string(i), h);
     }
-    const torch::Tensor out = tensor_parallel::enter(norm_->forward(h, tp_), tp_);
-    return boundary("head", p_.tied ? torch::linear(out, embed_tokens_->weight) : linear(lm_head_, out));
+    const torch::Tensor head = p_.tied ? embed_tokens_->weight : lm_head_->weight;
+    const auto plain = [](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor&) { return torch::linear(x, w); };
+    return boundary("head", tensor_parallel::column_parallel(norm_->forward(h, tp_), {head}, {}, tp_,
+                                                             p_.tied ? std::function(plain) : std::function(project))[0]);
   }
 
   // Column-parallel: q, k and v (by heads), gate, up, and the head and the embedding (by vocabulary);

@@ -403,7 +403,8 @@ class Gpt : public DecoderModel {
     const torch::Tensor normed = tp_.sequence ? torch::layer_norm(h.view_as(h), {p_.width}, tensor_parallel::replicated(ln_f_->weight, tp_),
                                                                   tensor_parallel::replicated(ln_f_->bias, tp_), ln_f_->options.eps())
                                               : ln_f_->forward(h);
-    return boundary("head", torch::linear(tensor_parallel::enter(normed, tp_), tok_->weight));
+    const auto plain = [](const torch::Tensor& in, const torch::Tensor& w, const torch::Tensor&) { return torch::linear(in, w); };
+    return boundary("head", tensor_parallel::column_parallel(normed, {tok_->weight}, {}, tp_, plain)[0]);
   }
   // Vocabulary-parallel token embedding, column-parallel blocks, the tied head on the vocabulary shard.
   void set_tensor_parallel(const TensorParallel& tp) override {
@@ -469,7 +470,8 @@ TransformerBlock::TransformerBlock(int64_t d, int64_t heads, double dropout, boo
 // Dropout at p = 0 returns its input without drawing, so the ViT's calls cost nothing. Under tensor
 // parallelism x is [B, S, D] on every tp rank, or its sequence shard; the heads are this rank's.
 torch::Tensor TransformerBlock::forward(const torch::Tensor& x) {
-  const auto qkv = linear(qkv_, tensor_parallel::enter(norm(ln1_, x), tp_));
+  const auto project = [](const torch::Tensor& in, const torch::Tensor& w, const torch::Tensor& b) { return sac_linear(in, w, b); };
+  const auto qkv = tensor_parallel::column_parallel(norm(ln1_, x), {qkv_->weight}, {qkv_->bias}, tp_, project)[0];
   const int64_t B = qkv.size(0), S = qkv.size(1), H = heads_ / tp_.degree, Dh = d_ / heads_, D = H * Dh;
   // The attention core: the S x S scores, softmax and dropout live only in here (this rank's heads:
   // their dropout draws from the model-parallel generator under tp).
@@ -501,7 +503,7 @@ torch::Tensor TransformerBlock::forward(const torch::Tensor& x) {
   const bool recompute_core = policy_.kind == CheckpointPolicy::Kind::Selective && is_training() && torch::GradMode::is_enabled();
   auto y = recompute_core ? checkpoint(core, qkv, {}, policy_.restore_rng, policy_.check) : core(qkv);
   auto h = x + residual_dropout(row_parallel(proj_, y));
-  auto m = row_parallel(fc_proj_, torch::gelu(linear(fc_, tensor_parallel::enter(norm(ln2_, h), tp_))));
+  auto m = row_parallel(fc_proj_, torch::gelu(tensor_parallel::column_parallel(norm(ln2_, h), {fc_->weight}, {fc_->bias}, tp_, project)[0]));
   return h + residual_dropout(m);
 }
 

@@ -121,7 +121,66 @@ struct VocabCrossEntropy : torch::autograd::Function<VocabCrossEntropy> {
   }
 };
 
+// Megatron's sequence-parallel column GEMMs: forward gathers the shard into a temporary, backward gathers
+// it again; only the shard and the weights are saved. `biased` (bit i: weight i has a bias) says which
+// weights the defined `biases` belong to, in order.
+struct RegatheredLinears : torch::autograd::Function<RegatheredLinears> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& shard, at::TensorList weights, at::TensorList biases,
+                               int64_t biased, TensorParallel tp) {
+    keep(ctx, tp);
+    ctx->saved_data["count"] = static_cast<int64_t>(weights.size());
+    ctx->saved_data["biased"] = biased;
+    std::vector<torch::Tensor> saved{shard};
+    saved.insert(saved.end(), weights.begin(), weights.end());
+    ctx->save_for_backward(saved);
+    const torch::Tensor full = gather_dim1(shard, tp);
+    variable_list out;
+    size_t next_bias = 0;
+    for (size_t i = 0; i < weights.size(); ++i)
+      out.push_back(torch::linear(full, weights[i], biased >> i & 1 ? biases[next_bias++] : torch::Tensor()));
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    const TensorParallel tp = kept(ctx);
+    const auto saved = ctx->get_saved_variables();
+    const int64_t n = ctx->saved_data["count"].toInt(), biased = ctx->saved_data["biased"].toInt();
+    const torch::Tensor full = gather_dim1(saved[0], tp);  // the second all-gather
+    const torch::Tensor full2d = full.reshape({-1, full.size(-1)});
+    torch::Tensor grad_full;
+    variable_list weight_grads, bias_grads;
+    for (int64_t i = 0; i < n; ++i) {
+      const torch::Tensor gi = g[i].reshape({-1, g[i].size(-1)});
+      const torch::Tensor gx = gi.mm(saved[1 + i]);
+      grad_full = grad_full.defined() ? grad_full + gx : gx;
+      weight_grads.push_back(gi.t().mm(full2d));
+      if (biased >> i & 1) bias_grads.push_back(gi.sum(0));
+    }
+    variable_list out{reduce_scatter_dim1(grad_full.view(full.sizes()), tp)};
+    out.insert(out.end(), weight_grads.begin(), weight_grads.end());
+    out.insert(out.end(), bias_grads.begin(), bias_grads.end());
+    out.push_back(torch::Tensor());  // biased
+    out.push_back(torch::Tensor());  // tp
+    return out;
+  }
+};
+
 }  // namespace
+
+std::vector<torch::Tensor> column_parallel(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
+                                           const std::vector<torch::Tensor>& biases, const TensorParallel& tp,
+                                           const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>& linear) {
+  if (tp.active() && tp.sequence && tp.regather) {
+    std::vector<torch::Tensor> defined;  // an undefined tensor cannot be an autograd input
+    int64_t biased = 0;
+    for (size_t i = 0; i < biases.size() && i < weights.size(); ++i)
+      if (biases[i].defined()) defined.push_back(biases[i]), biased |= int64_t{1} << i;
+    return RegatheredLinears::apply(x, at::TensorList(weights), at::TensorList(defined), biased, tp);  // TensorList: each a Variable
+  }
+  const torch::Tensor in = enter(x, tp);
+  std::vector<torch::Tensor> out;
+  for (size_t i = 0; i < weights.size(); ++i) out.push_back(linear(in, weights[i], i < biases.size() ? biases[i] : torch::Tensor()));
+  return out;
+}
 
 torch::Tensor shard(const torch::Tensor& full, const Split& split, const TensorParallel& tp) {
   std::vector<torch::Tensor> mine;

@@ -33,6 +33,7 @@ struct TensorParallel {
   Communicator* group = nullptr;  // the tp communicator (null: one rank holds each layer whole)
   int64_t rank = 0, degree = 1;
   bool sequence = false;  // sequence parallelism: activations between blocks split along the sequence (dim 1)
+  bool regather = false;  // with it, the column-parallel inputs re-gathered in backward (Megatron), not kept
   bool active() const { return degree > 1; }
 };
 
@@ -80,6 +81,13 @@ torch::Tensor split_dropout(const torch::Tensor& x, double p, bool train, const 
 
 // Before a column-parallel layer: Megatron's f (copy, or all-gather along the sequence).
 torch::Tensor enter(const torch::Tensor& x, const TensorParallel& tp);
+// The column-parallel layers that share one input, x @ W_i^T (+ b_i) for each weight (an undefined bias:
+// none), after `enter`. With `regather` one autograd node instead keeps only x's sequence shard and
+// all-gathers it again in backward, as Megatron's LinearWithGradAccumulationAndAsyncCommunication does
+// (its input gradients summed in the weights' order, then reduce-scattered).
+std::vector<torch::Tensor> column_parallel(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
+                                           const std::vector<torch::Tensor>& biases, const TensorParallel& tp,
+                                           const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>& linear);
 // After a row-parallel layer: Megatron's g (all-reduce, or reduce-scatter along the sequence).
 torch::Tensor leave(const torch::Tensor& partial, const TensorParallel& tp);
 // A whole weight whose gradient each rank holds only part of: identity forward, all-reduce backward.

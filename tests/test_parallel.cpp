@@ -334,7 +334,7 @@ TEST(Parallel, BadLayoutsAreOneLineErrors) {
            {"--set layout=dp2", "expected dimensions joined by '-'"},
            {"--set parallel=zero3 --set dp_replicate=2 --set world_size=4", "means dp_shard4"},
            {"--set layout=dp_shard2 --set dp_shard=4", "has dp_shard 2, but dp_shard = 4"},
-           {"--set tp=2 --set grad_clip=1", "grad_clip with tp is not implemented"},
+           {"--set layout=dp_shard2-tp2 --set grad_clip=1", "grad_clip with tp is implemented for replicated"},
            {"--set pp=2", "pp (layout pp2) is not implemented"}}) {
     const Result r = ts("run --suite quick --filter gpt-tiny/32-true --nproc 4 --out " + tmp("bad-layout") + " " + sets);
     EXPECT_EQ(r.code, 2) << sets << "\n" << r.out;
@@ -382,6 +382,18 @@ tp = 2
 sequence_parallel = true
 checkpoint = "full"
 [[cells]]
+name = "clip/single"
+grad_clip = 0.05
+optimizer = "sgd"
+lr = 0.05
+[[cells]]
+name = "clip/tp2-sp"
+tp = 2
+sequence_parallel = true
+grad_clip = 0.05
+optimizer = "sgd"
+lr = 0.05
+[[cells]]
 name = "tp2-sp-regather"
 tp = 2
 sequence_parallel = true
@@ -427,6 +439,15 @@ inject = "tp-same-dropout-seed"
           << cell << " parameter " << i << ": max |diff| " << (r0[i] - single[i]).abs().max().item<double>();
     }
   }
+  // grad_clip under tp: the norm of the whole gradient (split parameters summed over the ranks, whole
+  // ones once), as one process clips it; with SGD the clip (0.05, below the gradient's norm) scales every
+  // update, so a norm with a part counted twice or left out moves the parameters by a factor of it.
+  const auto clipped = load_params(run.out + "/cells/clip_single.params.pt");
+  const auto clipped_tp = load_params(run.out + "/cells/clip_tp2-sp.rank0.params.pt");
+  ASSERT_EQ(clipped_tp.size(), clipped.size());
+  for (size_t i = 0; i < clipped.size(); ++i)
+    EXPECT_TRUE(torch::allclose(clipped_tp[i], clipped[i], /*rtol=*/0, /*atol=*/1e-6))
+        << "clipped parameter " << i << ": max |diff| " << (clipped_tp[i] - clipped[i]).abs().max().item<double>();
   auto tp_stream = [](const json& cell) {
     for (const auto& s : cell["metrics"]["rng"]["streams"])
       if (s["name"].get<std::string>().rfind("tp-dropout-generator", 0) == 0) return s;

@@ -463,6 +463,13 @@ inject = "tp-same-dropout-seed"
             enters * gathered / 2);
   EXPECT_EQ(metric("tp2-sp-regather")["comm"]["dimensions"]["tp"]["bytes"].get<double>() - metric("tp2-sp")["comm"]["dimensions"]["tp"]["bytes"].get<double>(),
             enters * gathered);
+  // Throughput: the tp pair steps through one data-parallel slice of 8 sequences, each device doing half
+  // of its work; MFU divides the global FLOP/s by both devices' peaks.
+  const json t = metric("tp2")["timing"];
+  EXPECT_NEAR(t["samples_per_s"].get<double>(), 8 / t["step_time_s"]["mean"].get<double>(), 1e-9 * t["samples_per_s"].get<double>());
+  EXPECT_NEAR(t["samples_per_s_per_device"].get<double>(), t["samples_per_s"].get<double>() / 2, 1e-9 * t["samples_per_s"].get<double>());
+  EXPECT_NEAR(t["mfu"].get<double>(), t["samples_per_s"].get<double>() * t["flops_per_sample"].get<double>() / (2 * t["peak_flops_per_s"].get<double>()),
+              1e-9);
   for (const char* name : {"dropout/tp2-sp-full", "dropout/tp2-sdpa-full", "dropout/tp2-sp-regather-full"}) {
     const json cell = cell_named(run.report, name);
     EXPECT_EQ(cell["status"], "ok") << name;

@@ -246,7 +246,7 @@ RunInfo Trainer::info() const {
   r.config = &config_;
   r.device = device_.str();
   r.model_name = preset_.name;
-  r.parameters = count_parameters(*model_);
+  r.parameters = model_->whole_parameter_count();
   r.flops_per_sample = model_->training_flops_per_sample();
   r.causal_flops_per_sample = model_->causal_flops_per_sample();
   if (preset_.language_model()) r.flops_convention = flop_convention_name(FlopConvention::Full);

@@ -869,12 +869,43 @@ parallel = "zero3"
 model = "my-llama"
 precision = "bf16-mixed"
 checkpoint = "every:2"
+# Tensor parallelism under each precision family and checkpoint policy; my-llama's one key/value head
+# stays whole on both tp ranks and its head is its vocabulary-split embedding.
+[[cells]]
+name = "tp2-sp/bf16-master/selective-op/sdpa"
+parallel = "single"
+tp = 2
+sequence_parallel = true
+precision = "bf16-master"
+checkpoint = "selective-op"
+attention = "sdpa"
+[[cells]]
+name = "tp2/my-llama/bf16-mixed/full"
+parallel = "single"
+tp = 2
+model = "my-llama"
+precision = "bf16-mixed"
+checkpoint = "full"
+[[cells]]
+name = "tp2-sp/16-mixed/every2"
+parallel = "single"
+tp = 2
+sequence_parallel = true
+precision = "16-mixed"
+checkpoint = "every:2"
+[[cells]]
+name = "tp2/bf16-true/selective"
+parallel = "single"
+tp = 2
+precision = "bf16-true"
+checkpoint = "selective"
 )", "--nproc 2");
   ASSERT_EQ(run.result.code, 0) << run.result.out;
   const json& report = run.report;
   for (const std::string name : {"ddp", "zero1", "zero2", "zero3", "single/my-llama/64-true", "single/16-mixed-noscale/every2",
                                  "ddp/bf16-mixed/full/sdpa", "zero1/16-mixed/selective", "zero2/bf16-true/selective/sdpa",
-                                 "zero3/my-llama/bf16-mixed/every2"}) {
+                                 "zero3/my-llama/bf16-mixed/every2", "tp2-sp/bf16-master/selective-op/sdpa", "tp2/my-llama/bf16-mixed/full",
+                                 "tp2-sp/16-mixed/every2", "tp2/bf16-true/selective"}) {
     const json c = cell_named(report, name);
     ASSERT_EQ(c["status"], "ok") << name << ": " << c.value("reason", "");
     EXPECT_TRUE(std::isfinite(c["metrics"]["quality"]["final_loss"].get<double>())) << name;

@@ -124,6 +124,13 @@ std::optional<tensor_parallel::Split> ReferenceModel::tensor_parallel_split(cons
   return it->second;
 }
 
+int64_t ReferenceModel::whole_parameter_count() const {
+  int64_t n = 0;
+  for (const auto& item : named_parameters())
+    n += item.value().numel() * (tp_splits_.count(item.key()) ? tp_.degree : 1);
+  return n;
+}
+
 void ReferenceModel::shard_parameters(const std::map<std::string, tensor_parallel::Split>& splits, const TensorParallel& tp) {
   tp_ = tp;
   tp_splits_ = splits;

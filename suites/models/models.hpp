@@ -103,6 +103,8 @@ class ReferenceModel : public torch::nn::Module {
   const TensorParallel& tensor_parallel() const { return tp_; }
   // How a parameter is split across the tp ranks (none: whole on every rank).
   std::optional<tensor_parallel::Split> tensor_parallel_split(const std::string& name) const;
+  // The whole model's parameters, whatever this rank holds of them (tp shards counted x tp).
+  int64_t whole_parameter_count() const;
 
  protected:
   // Replaces each named parameter's data with this rank's block of it.

@@ -123,8 +123,10 @@ class LlamaBlock : public nn::Module {
   // projections hold this rank's heads and MLP units (tensor_parallel.hpp).
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& mask) {
     const torch::Tensor residual = x;
-    const std::vector<torch::Tensor> qkv = tensor_parallel::column_parallel(
-        input_layernorm_->forward(x, tp_), {q_proj_->weight, kv_weight(k_proj_), kv_weight(v_proj_)}, {}, tp_, project);
+    // The norm's output is held to the block's end (the design difference docs/parity.md measures).
+    const torch::Tensor normed = input_layernorm_->forward(x, tp_);
+    const std::vector<torch::Tensor> qkv =
+        tensor_parallel::column_parallel(normed, {q_proj_->weight, kv_weight(k_proj_), kv_weight(v_proj_)}, {}, tp_, project);
     const int64_t B = qkv[0].size(0), S = qkv[0].size(1);
     const torch::Tensor q = qkv[0].view({B, S, -1, head_dim_}).transpose(1, 2);
     const torch::Tensor k = qkv[1].view({B, S, -1, head_dim_}).transpose(1, 2);

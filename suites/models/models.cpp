@@ -159,6 +159,14 @@ namespace {
 // Through the op-level checkpoint's operator (suites/techniques/checkpoint.hpp): project() outside one.
 torch::Tensor linear(const nn::Linear& layer, const torch::Tensor& x) { return sac_linear(x, layer->weight, layer->bias); }
 
+// LayerNorm; under sequence parallelism on this rank's tokens: an identity first (as DTensor's
+// SequenceParallel wraps the input) and the whole weight and bias, whose gradients the ranks sum.
+torch::Tensor layer_norm(nn::LayerNorm ln, const torch::Tensor& x, const TensorParallel& tp) {
+  if (!tp.sequence) return ln->forward(x);
+  return torch::layer_norm(x.view_as(x), {x.size(-1)}, tensor_parallel::replicated(ln->weight, tp),
+                           tensor_parallel::replicated(ln->bias, tp), ln->options.eps());
+}
+
 // ---- MLP ------------------------------------------------------------------------------------------
 class Mlp : public ReferenceModel {
  public:
@@ -407,9 +415,7 @@ class Gpt : public DecoderModel {
     // The LM head is tied to the token embedding (GPT-2), so gpt-125m has GPT-2 small's 124M; under tp
     // it is this rank's vocabulary rows (column-parallel), with the loss on the shards.
     if (!tp_.active()) return boundary("head", torch::linear(ln_f_->forward(h), tok_->weight));
-    const torch::Tensor normed = tp_.sequence ? torch::layer_norm(h.view_as(h), {p_.width}, tensor_parallel::replicated(ln_f_->weight, tp_),
-                                                                  tensor_parallel::replicated(ln_f_->bias, tp_), ln_f_->options.eps())
-                                              : ln_f_->forward(h);
+    const torch::Tensor normed = layer_norm(ln_f_, h, tp_);
     const auto plain = [](const torch::Tensor& in, const torch::Tensor& w, const torch::Tensor&) { return torch::linear(in, w); };
     return boundary("head", tensor_parallel::column_parallel(normed, {tok_->weight}, {}, tp_, plain)[0]);
   }
@@ -514,13 +520,7 @@ torch::Tensor TransformerBlock::forward(const torch::Tensor& x) {
   return h + residual_dropout(m);
 }
 
-// Under sequence parallelism the norm runs on this rank's tokens: an identity first (as DTensor's
-// SequenceParallel wraps the input) and the whole weight and bias, whose gradients the ranks sum.
-torch::Tensor TransformerBlock::norm(nn::LayerNorm ln, const torch::Tensor& x) {
-  if (!tp_.sequence) return ln->forward(x);
-  return torch::layer_norm(x.view_as(x), {d_}, tensor_parallel::replicated(ln->weight, tp_),
-                           tensor_parallel::replicated(ln->bias, tp_), ln->options.eps());
-}
+torch::Tensor TransformerBlock::norm(nn::LayerNorm ln, const torch::Tensor& x) { return layer_norm(std::move(ln), x, tp_); }
 
 torch::Tensor TransformerBlock::row_parallel(const nn::Linear& layer, const torch::Tensor& x) {
   if (!tp_.active()) return linear(layer, x);

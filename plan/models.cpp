@@ -192,13 +192,15 @@ struct Net {
     return add(leave(linear(x, w, nullptr, rows, in, out)), b);
   }
   // VocabCrossEntropy (DTensor's loss_parallel) on this rank's [rows, cols] logits: one autograd node
-  // that saves the fp32 log-probabilities (and each row's local target and mask); forward's scratch is
-  // the fp32 copy (unless fp32 already) and the shifted logits beside them; backward's the zeros, the
-  // exponentials and their sum before the scaled gradient it returns (fp32, cast to the logits' dtype).
+  // that saves the log-probabilities in fp32 at least (and each row's local target and mask); forward's
+  // scratch is that copy of the logits (unless already in it) and the shifted logits beside them;
+  // backward's the zeros, the exponentials and their sum before the scaled gradient it returns (cast
+  // to the logits' dtype).
   T vocab_loss(const T& logits, int64_t rows, int64_t cols) {
-    const int64_t nc4 = rows * cols * 4, copy = logits.elem == 4 ? 0 : nc4;
+    const int e = std::max(4, logits.elem);
+    const int64_t nc = rows * cols * e, copy = logits.elem == e ? 0 : nc;
     OpCost cost = act(OpKind::Softmax, logits);
-    return t.op({&logits}, 1, 4, {}, false, nc4 + rows * 9, cost, copy + nc4, 3 * nc4 + (logits.elem == 4 ? 0 : nc4));
+    return t.op({&logits}, 1, e, {}, false, nc + rows * 9, cost, copy + nc, 3 * nc + copy);
   }
   // ReferenceModel::loss: logits to fp32 at least, cross_entropy = log_softmax (saves its output) +
   // nll_loss; the logits die when loss() returns.

@@ -459,9 +459,6 @@ RunConfig RunConfig::from_json(const json& j) {
     const ParallelLayout layout = resolve_layout(c);
     check_layout_fits(layout, model);
     if (const std::string why = layout_unsupported(layout); !why.empty()) throw UsageError(why);
-    if (layout.tp > 1 && c.grad_clip > 0 && (layout.dp_shard > 1 || !precision_traits(c.precision).master.empty()))
-      throw UsageError("grad_clip with tp is implemented for replicated data parallelism (single, ddp) without fp32 masters in "
-                       "this build (sharded gradients need each shard's split/whole membership)");
     if (c.sequence_parallel && layout.tp == 1) throw UsageError("sequence_parallel = true splits what tp splits; it needs tp > 1");
     if (c.sp_regather && !c.sequence_parallel) throw UsageError("sp_regather = true re-gathers sequence shards; it needs sequence_parallel = true");
     if (c.sp_regather && (!precision_traits(c.precision).autocast.empty() || c.checkpoint == "selective-op"))

@@ -425,8 +425,13 @@ torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
     si.grads_nonfinite = bad;
   }
   if (config_.grad_clip > 0) {  // unscaled
-    if (model_->tensor_parallel().active()) clip_tensor_parallel(config_.grad_clip);
-    else strategy_->clip_grad_norm(opt_params_, config_.grad_clip);
+    // Under tp the split parameters count on every tp rank, the whole ones (the same gradient on
+    // each) on tp rank 0 only.
+    const TensorParallel& tp = model_->tensor_parallel();
+    std::vector<bool> counted;
+    if (tp.active())
+      for (const auto& item : model_->named_parameters()) counted.push_back(tp.rank == 0 || model_->tensor_parallel_split(item.key()));
+    strategy_->clip_grad_norm(opt_params_, config_.grad_clip, counted, tp.active() ? tp.group : nullptr);
   }
   si.skipped = scaler_ && si.grads_nonfinite;
   if (!si.skipped) {
@@ -481,26 +486,6 @@ std::vector<std::pair<std::string, torch::Tensor>> Trainer::final_parameters() {
   for (auto& [name, t] : out)  // the tp ranks' shards joined (a collective over the tp group)
     if (const auto split = model_->tensor_parallel_split(name)) t = tensor_parallel::unshard(t, *split, tp);
   return out;
-}
-
-// The global gradient norm under tensor parallelism (Megatron's clip_grad_norm): the split parameters'
-// squares summed over the tp ranks, the whole ones (the same gradient on every tp rank) counted once, on
-// tp rank 0; then the gradients scaled as torch's clip_grad_norm_ scales them. The strategy's optimizer
-// parameters are the model's here (single or ddp without masters: the configuration says so).
-void Trainer::clip_tensor_parallel(double max_norm) {
-  torch::NoGradGuard no_grad;
-  const TensorParallel& tp = model_->tensor_parallel();
-  torch::Tensor sq = torch::zeros({1}, torch::kDouble);
-  for (const auto& item : model_->named_parameters()) {
-    const torch::Tensor& g = item.value().grad();
-    if (g.defined() && (tp.rank == 0 || model_->tensor_parallel_split(item.key())))
-      sq += g.to(torch::kDouble).pow(2).sum().cpu();
-  }
-  tp.group->all_reduce(sq, /*average=*/false);
-  const double coef = max_norm / (std::sqrt(sq.item<double>()) + 1e-6);
-  if (coef < 1)
-    for (const auto& p : model_->parameters())
-      if (p.grad().defined()) p.grad().mul_(coef);
 }
 
 // The strategy's fingerprint of this rank's parameters; under tensor parallelism the tp ranks' ones

@@ -101,7 +101,6 @@ class Trainer {
   Batch rank_batch(int64_t step, torch::Tensor* flips);
   void fingerprints(int64_t step, const Batch& batch, const torch::Tensor& flips, Hooks& hooks);
   uint64_t parameter_fingerprint();
-  void clip_tensor_parallel(double max_norm);
   std::vector<std::pair<std::string, torch::Tensor>> local_parameters();  // this rank's, tp shards as they are
 
   RunConfig config_;

@@ -39,6 +39,20 @@ std::vector<torch::Tensor> load_params(const std::string& path) {
   return v;
 }
 
+// A cell's saved parameters (every rank's full ones: joined over tp) equal on its ranks 0 and `last`
+// and within `atol` of `expected`.
+void expect_ranks_match(const std::string& out, const std::string& cell, int last, const std::vector<torch::Tensor>& expected, double atol) {
+  const auto r0 = load_params(out + "/cells/" + cell + ".rank0.params.pt");
+  const auto rl = load_params(out + "/cells/" + cell + ".rank" + std::to_string(last) + ".params.pt");
+  ASSERT_EQ(r0.size(), expected.size()) << cell;
+  ASSERT_EQ(rl.size(), expected.size()) << cell;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_TRUE(torch::equal(r0[i], rl[i])) << cell << " parameter " << i << ": ranks 0 and " << last << " differ";
+    EXPECT_TRUE(torch::allclose(r0[i], expected[i], /*rtol=*/0, atol))
+        << cell << " parameter " << i << ": max |diff| " << (r0[i] - expected[i]).abs().max().item<double>();
+  }
+}
+
 }  // namespace
 
 TEST(Parallel, BusBandwidthFactorsFollowNcclTests) {
@@ -334,7 +348,6 @@ TEST(Parallel, BadLayoutsAreOneLineErrors) {
            {"--set layout=dp2", "expected dimensions joined by '-'"},
            {"--set parallel=zero3 --set dp_replicate=2 --set world_size=4", "means dp_shard4"},
            {"--set layout=dp_shard2 --set dp_shard=4", "has dp_shard 2, but dp_shard = 4"},
-           {"--set layout=dp_shard2-tp2 --set grad_clip=1", "grad_clip with tp is implemented for replicated"},
            {"--set pp=2", "pp (layout pp2) is not implemented"}}) {
     const Result r = ts("run --suite quick --filter gpt-tiny/32-true --nproc 4 --out " + tmp("bad-layout") + " " + sets);
     EXPECT_EQ(r.code, 2) << sets << "\n" << r.out;
@@ -429,25 +442,12 @@ inject = "tp-same-dropout-seed"
   ASSERT_EQ(run.result.code, 0) << run.result.out;
   const auto single = load_params(run.out + "/cells/single.params.pt");
   ASSERT_FALSE(single.empty());
-  for (const std::string cell : {"tp2", "tp2-sp", "tp2-sp-full", "tp2-sp-regather"}) {
-    const auto r0 = load_params(run.out + "/cells/" + cell + ".rank0.params.pt");
-    const auto r1 = load_params(run.out + "/cells/" + cell + ".rank1.params.pt");
-    ASSERT_EQ(r0.size(), single.size()) << cell;
-    for (size_t i = 0; i < single.size(); ++i) {
-      EXPECT_TRUE(torch::equal(r0[i], r1[i])) << cell << " parameter " << i << ": the joined shards differ between ranks";
-      EXPECT_TRUE(torch::allclose(r0[i], single[i], /*rtol=*/0, /*atol=*/1e-6))
-          << cell << " parameter " << i << ": max |diff| " << (r0[i] - single[i]).abs().max().item<double>();
-    }
-  }
+  for (const std::string cell : {"tp2", "tp2-sp", "tp2-sp-full", "tp2-sp-regather"}) expect_ranks_match(run.out, cell, 1, single, 1e-6);
   // grad_clip under tp: the norm of the whole gradient (split parameters summed over the ranks, whole
   // ones once), as one process clips it; with SGD the clip (0.05, below the gradient's norm) scales every
   // update, so a norm with a part counted twice or left out moves the parameters by a factor of it.
   const auto clipped = load_params(run.out + "/cells/clip_single.params.pt");
-  const auto clipped_tp = load_params(run.out + "/cells/clip_tp2-sp.rank0.params.pt");
-  ASSERT_EQ(clipped_tp.size(), clipped.size());
-  for (size_t i = 0; i < clipped.size(); ++i)
-    EXPECT_TRUE(torch::allclose(clipped_tp[i], clipped[i], /*rtol=*/0, /*atol=*/1e-6))
-        << "clipped parameter " << i << ": max |diff| " << (clipped_tp[i] - clipped[i]).abs().max().item<double>();
+  expect_ranks_match(run.out, "clip_tp2-sp", 1, clipped, 1e-6);
   auto tp_stream = [](const json& cell) {
     for (const auto& s : cell["metrics"]["rng"]["streams"])
       if (s["name"].get<std::string>().rfind("tp-dropout-generator", 0) == 0) return s;
@@ -558,6 +558,49 @@ parallel = "zero3"
   EXPECT_NEAR(m["model_state_total_bytes"].get<double>() / z3, 2.0, 0.02);
 }
 
+// grad_clip under tp composed with data parallelism: each optimizer tensor (a parameter, or a slice of
+// a flat buffer) counts the ranges of the parameters its rank counts (split ones on both tp ranks,
+// whole ones on tp rank 0), summed over the gradient slices' group and then over tp: the norm of the
+// whole gradient, as one process takes it. fp64 with SGD and a clip (0.05) below the gradient's norm, so
+// that the norm scales every update: one process and each layout then differ only by the order of the
+// sums (~1e-16 relative; atol 1e-9 as the hsdp test above), while a part counted twice or left out (a
+// whole parameter on both tp ranks, a missing sum over the slices) changes the norm by at least the
+// smallest parameter's share of it and so moves the parameters by far more.
+TEST(Parallel, TensorParallelClipsTheWholeGradientUnderEveryLayout) {
+  const SuiteRun run = run_suite_text("tp-clip", R"(
+name = "tp-clip"
+[base]
+model = "gpt-tiny"
+precision = "64-true"
+warmup_steps = 0
+steps = 4
+eval = false
+overflow_every = 0
+save_parameters = true
+optimizer = "sgd"
+lr = 0.05
+grad_clip = 0.05
+batch_size = 4
+[[cells]]
+name = "single"
+batch_size = 8
+[[cells]]
+name = "dp_shard2-tp2"
+layout = "dp_shard2-tp2"
+[[cells]]
+name = "dp_shard2-tp2-zero2"
+layout = "dp_shard2-tp2-zero2"
+sequence_parallel = true
+[[cells]]
+name = "dp_replicate2-tp2"
+layout = "dp_replicate2-tp2"
+)", "--nproc 4");
+  ASSERT_EQ(run.result.code, 0) << run.result.out;
+  const auto single = load_params(run.out + "/cells/single.params.pt");
+  ASSERT_FALSE(single.empty());
+  for (const std::string cell : {"dp_shard2-tp2", "dp_shard2-tp2-zero2", "dp_replicate2-tp2"}) expect_ranks_match(run.out, cell, 3, single, 1e-9);
+}
+
 // zero1 reduces as DDP does: bucket by bucket during backward (c10d's Reducer); zero2 reduces each
 // bucket to the ranks owning its part of the flat buffer, also during backward (DeepSpeed's
 // overlap_comm). With small buckets the collectives are several, they add up to the gradient bytes
@@ -619,13 +662,13 @@ TEST(Parallel, DeviceClockTimesCollectivesAndHoldsAsyncOnesUntilFlush) {
     std::vector<torch::Tensor> v{torch::ones({16})};
     auto work = comm.process_group()->allreduce(v);
     work->wait();
-    comm.report_after(CollectiveInfo{"all-reduce", 64, 2, 9.0, 5.0, 3, 0.0, ""}, {work});
+    comm.report_after(CollectiveInfo{"all-reduce", 64, 2, 9.0, 5.0, 3, 0.0, "", ""}, {work});
     before_flush[r] = seen[r].size();
     comm.flush();
     comm.set_device_clock([](const c10d::Work&) -> double { throw std::runtime_error("no events"); });
     comm.all_reduce(t, /*average=*/false);
     comm.set_device_clock(nullptr);
-    comm.report_after(CollectiveInfo{"all-reduce", 64, 2, 9.0, 5.0, 4, 0.0, ""}, {work});
+    comm.report_after(CollectiveInfo{"all-reduce", 64, 2, 9.0, 5.0, 4, 0.0, "", ""}, {work});
   };
   std::thread t0(rank, 0), t1(rank, 1);
   t0.join();
@@ -913,7 +956,9 @@ checkpoint = "selective"
     EXPECT_NEAR(m["model_state_total_bytes"].get<double>() / m["expected_model_state_bytes"].get<double>(), 1.0, 0.02)
         << name;
     EXPECT_EQ(c["model"]["parameters"], c["model"]["analytic_parameters"]) << name;
-    if (c["config"]["world_size"] == 2) EXPECT_EQ(c["metrics"]["rng"]["violations"], 0) << name;
+    if (c["config"]["world_size"] == 2) {
+      EXPECT_EQ(c["metrics"]["rng"]["violations"], 0) << name;
+    }
   }
   // The suite's own model ran with its dimensions; its head is its embedding.
   const json mine = cell_named(report, "zero3/my-llama/bf16-mixed/every2")["model"];
@@ -1237,7 +1282,9 @@ TEST(Parallel, TraceHasOneProcessPerRankAndSpansNestPerTrack) {
     ASSERT_TRUE(e.at("pid").is_number_integer()) << e.dump();
     ASSERT_TRUE(e.at("name").is_string()) << e.dump();
     if (ph == "M" && e["name"] == "process_name") named_processes.insert(e["pid"].get<int>());
-    if (ph == "C") ASSERT_TRUE(e.at("ts").is_number() && e.at("args").is_object()) << e.dump();
+    if (ph == "C") {
+      ASSERT_TRUE(e.at("ts").is_number() && e.at("args").is_object()) << e.dump();
+    }
     if (ph != "X") continue;
     ASSERT_GE(e.at("dur").get<double>(), 0.0);
     spans[{e["pid"], e["tid"]}].emplace_back(e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>());
@@ -1259,7 +1306,9 @@ TEST(Parallel, TraceHasOneProcessPerRankAndSpansNestPerTrack) {
     std::vector<std::pair<double, double>> open;
     for (const auto& s : list) {
       while (!open.empty() && s.first >= open.back().second - 1) open.pop_back();
-      if (!open.empty()) EXPECT_LE(s.second, open.back().second + 1) << "track " << track.first << "/" << track.second;
+      if (!open.empty()) {
+        EXPECT_LE(s.second, open.back().second + 1) << "track " << track.first << "/" << track.second;
+      }
       open.push_back(s);
     }
   }
@@ -1302,7 +1351,9 @@ TEST(Parallel, PitfallsSuiteReproducesEachMistakeWithItsFix) {
   EXPECT_NE(ssl["saw"].dump().find("at 10% labels the pretrained encoder scores"), std::string::npos) << ssl.dump(1);
   const double upstream = cell_named(report, "ssl/pretrain-60k")["metrics"]["ssl"]["pretrain"]["wall_s"];
   for (const auto& e : report["ssl"]["label_efficiency"])
-    if (e["cell"] == "ssl/pretrained-60k") EXPECT_GE(e["ssl_cost_s_mean"].get<double>(), upstream);
+    if (e["cell"] == "ssl/pretrained-60k") {
+      EXPECT_GE(e["ssl_cost_s_mean"].get<double>(), upstream);
+    }
   std::ifstream md(out + "/report.md");
   const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
   for (const char* title : {"### 1. fp16 gives non-finite losses", "### 2. RNG not coordinated", "### 3. Full sharding",

@@ -191,6 +191,12 @@ class Zero3 : public ParallelStrategy {
     });
     return owned;
   }
+  std::vector<Ranges> counted_ranges(const std::vector<bool>& counted) const override {
+    const std::set<const void*> keep = counted_parameters(counted);
+    std::vector<Ranges> out;
+    for (auto* u : all_units()) out.push_back(u->fp.ranges_in_slice(shard_comm_ ? shard_comm_->rank() : 0, keep));
+    return out;
+  }
   void zero_grad(torch::optim::Optimizer&) override {
     torch::NoGradGuard no_grad;
     for (auto* u : all_units()) u->shard.mutable_grad().zero_();

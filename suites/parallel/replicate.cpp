@@ -310,6 +310,9 @@ class Zero12 : public ParallelStrategy {
     }
     return {shard_};
   }
+  std::vector<Ranges> counted_ranges(const std::vector<bool>& counted) const override {
+    return {flat_.ranges_in_slice(comm_->rank(), counted_parameters(counted))};
+  }
   void zero_grad(torch::optim::Optimizer&) override { zero_flat_gradients(flat_, shard_); }
   void before_forward() override {
     if (reducer_) reducer_->before_forward();
@@ -371,6 +374,9 @@ class MasterZero12 : public ParallelStrategy {
     release_storage(flat_.grad);  // allocated by zero_grad
     broadcast_buffers(*comm_, model);
     return {shard_};
+  }
+  std::vector<Ranges> counted_ranges(const std::vector<bool>& counted) const override {
+    return {flat_.ranges_in_slice(comm_->rank(), counted_parameters(counted))};
   }
   void zero_grad(torch::optim::Optimizer&) override { zero_flat_gradients(flat_, shard_); }
   void reduce_gradients() override {

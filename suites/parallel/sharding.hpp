@@ -5,6 +5,7 @@
 // fully_shard.cpp: zero3, hsdp).
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,20 @@ struct FlatParams {
     }
   }
   torch::Tensor slice(const torch::Tensor& buf, int rank) const { return buf.narrow(0, rank * shard, shard); }
+  // The ranges of `rank`'s slice (offsets within it) that hold the parameters in `keep`.
+  std::vector<std::pair<int64_t, int64_t>> ranges_in_slice(int rank, const std::set<const void*>& keep) const {
+    std::vector<std::pair<int64_t, int64_t>> out;
+    const int64_t lo = rank * shard, hi = lo + shard;
+    int64_t off = 0;
+    for (const auto& p : params) {
+      const int64_t begin = std::max(off, lo) - lo, end = std::min(off + p.numel(), hi) - lo;
+      off += p.numel();
+      if (begin >= end || !keep.count(p.unsafeGetTensorImpl())) continue;
+      if (!out.empty() && out.back().second == begin) out.back().second = end;
+      else out.emplace_back(begin, end);
+    }
+    return out;
+  }
 };
 
 // zero1 and zero2 before a step: the flat gradient buffer allocated (it is freed once reduced) and

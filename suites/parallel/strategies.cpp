@@ -191,21 +191,49 @@ double ParallelStrategy::parameter_spread() {
   return (hi + neg_lo).max().item<double>();
 }
 
-void ParallelStrategy::clip_grad_norm(const std::vector<torch::Tensor>& opt_params, double max_norm) {
-  if (!comm_) {
+void ParallelStrategy::clip_grad_norm(const std::vector<torch::Tensor>& opt_params, double max_norm, const std::vector<bool>& counted,
+                                      Communicator* across) {
+  if (!comm_ && !across) {
     torch::nn::utils::clip_grad_norm_(opt_params, max_norm);
     return;
   }
   torch::NoGradGuard no_grad;
-  torch::Tensor sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat));
-  for (const auto& p : opt_params)
-    if (p.grad().defined()) sq += p.grad().to(torch::kFloat).pow(2).sum().cpu();
+  const auto dtype = across ? torch::kDouble : torch::kFloat;
+  torch::Tensor sq = torch::zeros({1}, dtype);
+  const std::vector<Ranges> ranges = counted.empty() ? std::vector<Ranges>{} : counted_ranges(counted);
+  for (size_t i = 0; i < opt_params.size(); ++i) {
+    const torch::Tensor& g = opt_params[i].grad();
+    if (!g.defined()) continue;
+    if (counted.empty()) {
+      sq += g.to(dtype).pow(2).sum().cpu();
+      continue;
+    }
+    const torch::Tensor flat = g.reshape(-1);
+    for (const auto& [begin, end] : ranges.at(i)) sq += flat.narrow(0, begin, end - begin).to(dtype).pow(2).sum().cpu();
+  }
   if (sliced_gradients()) gradient_group()->all_reduce(sq, /*average=*/false);
+  if (across) across->all_reduce(sq, /*average=*/false);
   const double norm = std::sqrt(sq.item<double>());
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1)
     for (const auto& p : opt_params)
       if (p.grad().defined()) p.grad().mul_(coef);
+}
+
+std::vector<ParallelStrategy::Ranges> ParallelStrategy::counted_ranges(const std::vector<bool>& counted) const {
+  std::vector<Ranges> out;
+  const auto params = model_->parameters();  // the optimizer's tensors when nothing is sharded or flattened
+  for (size_t i = 0; i < params.size(); ++i)
+    out.push_back(counted.at(i) ? Ranges{{0, params[i].numel()}} : Ranges{});
+  return out;
+}
+
+std::set<const void*> ParallelStrategy::counted_parameters(const std::vector<bool>& counted) const {
+  std::set<const void*> out;
+  const auto params = model_->parameters();
+  for (size_t i = 0; i < params.size(); ++i)
+    if (counted.at(i)) out.insert(params[i].unsafeGetTensorImpl());
+  return out;
 }
 
 std::vector<torch::Tensor> ParallelStrategy::master_values() {

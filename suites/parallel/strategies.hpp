@@ -17,6 +17,7 @@
 // Every strategy averages gradients over ranks, so K steps on N ranks equal K steps of one process on
 // the concatenated global batch (BatchNorm statistics aside: they stay per rank, as in DDP).
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,8 +55,12 @@ class ParallelStrategy {
   // The largest |difference| of one parameter value between any two ranks (0: the ranks agree
   // exactly); a collective every rank must call. Outside the step's communication.
   double parameter_spread();
-  // Global gradient-norm clipping over the optimizer's tensors (all ranks agree on the norm).
-  virtual void clip_grad_norm(const std::vector<torch::Tensor>& opt_params, double max_norm);
+  // Global gradient-norm clipping over the optimizer's tensors (all ranks agree on the norm). Under
+  // tensor parallelism `counted` (per model parameter, in its order) says which parameters this rank
+  // counts (the split ones on every tp rank, the whole ones on one: Megatron's clip_grad_norm) and
+  // `across` (the tp group) adds the ranks' sums.
+  void clip_grad_norm(const std::vector<torch::Tensor>& opt_params, double max_norm, const std::vector<bool>& counted = {},
+                      Communicator* across = nullptr);
   Communicator* comm() const { return comm_; }
   // The number of ranks one copy of the model state is spread over (zero3: the world; hsdp: a shard
   // group); the N of the ZeRO paper's formulas.
@@ -70,6 +75,12 @@ class ParallelStrategy {
   virtual bool sliced_gradients() const { return false; }
   // The ranks whose gradient slices together make one whole gradient (the global norm's sum).
   virtual Communicator* gradient_group() const { return comm_; }
+  // Per optimizer tensor, the element ranges [begin, end) of its flattened gradient that belong to the
+  // `counted` model parameters: the parameters themselves here, slices of flat buffers when sharded.
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  virtual std::vector<Ranges> counted_ranges(const std::vector<bool>& counted) const;
+  // The counted parameters by identity (a flat buffer's views keep their parameters' TensorImpl).
+  std::set<const void*> counted_parameters(const std::vector<bool>& counted) const;
   // This rank's full parameters as one flat fp32 copy (zero3 gathers them).
   virtual torch::Tensor full_parameters();
   Communicator* comm_;  // null for single

@@ -91,7 +91,14 @@ const std::vector<KeySpec>& config_keys() {
       {"sp_regather", KeyKind::Bool, {}, false,
        "sequence parallelism: keep only each column-parallel layer's input shard and all-gather it again in backward, as "
        "Megatron does (default: keep the gathered input, as DTensor does)"},
-      {"pp", KeyKind::Int, {}, 1, "layout: pipeline stages", 1},
+      {"pp", KeyKind::Int, {}, 1, "layout: ranks the layers are split over as pipeline stages", 1},
+      {"pp_schedule", KeyKind::Choice, {"gpipe", "1f1b", "interleaved-1f1b", "zb-1p"}, "1f1b",
+       "pipeline schedule (core/pipeline.hpp): gpipe, 1f1b, interleaved-1f1b (pp_virtual stages per rank), zb-1p (1f1b with "
+       "the backward split into input and weight gradients; planned, not trained, in this build)"},
+      {"pp_microbatches", KeyKind::Int, {}, 0,
+       "micro-batches each data-parallel rank's batch is cut into, their gradients accumulated (also without pp); 0: 2 x pp "
+       "with pp, else 1", 0},
+      {"pp_virtual", KeyKind::Int, {}, 0, "pipeline stages per rank; 0: 2 for interleaved-1f1b, else 1", 0},
       {"cp", KeyKind::Int, {}, 1, "layout: context-parallel ranks the sequence is split over", 1},
       {"layout", KeyKind::String, {}, "",
        "the layout's degrees at once: dimensions joined by '-' (dp_shard4-tp2, dp_replicate2-dp_shard2; -zero1 or -zero2 "
@@ -369,6 +376,9 @@ static void for_each_field(Config& c, Visit&& v) {
   v("sequence_parallel", c.sequence_parallel);
   v("sp_regather", c.sp_regather);
   v("pp", c.pp);
+  v("pp_schedule", c.pp_schedule);
+  v("pp_microbatches", c.pp_microbatches);
+  v("pp_virtual", c.pp_virtual);
   v("cp", c.cp);
   v("layout", c.layout);
   v("backend", c.backend);
@@ -466,6 +476,13 @@ RunConfig RunConfig::from_json(const json& j) {
                        ") or selective-op checkpointing in this build");
   } else if (c.sequence_parallel || c.sp_regather) {
     throw UsageError("sequence_parallel = true splits what tp splits; it needs tp > 1");
+  }
+  const ParallelLayout layout = resolve_layout(c);
+  if (layout.pp > 1 || c.pp_microbatches > 1 || c.pp_virtual > 0 || c.pp_schedule != "1f1b") {
+    const pipeline::Schedule s = resolve_pipeline(c, layout, model);
+    if (c.method != "supervised" && s.microbatches > 1)
+      throw UsageError("pp_microbatches > 1 cuts the batch; " + c.method + "'s loss is over the whole batch");
+    if (s.name == "zb-1p" && layout.pp > 1) throw UsageError("zb-1p is planned (trainscope plan), not trained, in this build");
   }
   if (c.reduce_dtype != "fp32" && precision_traits(c.precision).master.empty())
     throw UsageError("reduce_dtype = " + c.reduce_dtype + " applies to precisions with fp32 masters (bf16-master), not " + c.precision);

@@ -60,6 +60,10 @@ struct RunConfig {
   int64_t dp_replicate = 1, dp_shard = 1, tp = 1, pp = 1, cp = 1;
   bool sequence_parallel = false;  // tp: Megatron's sequence parallelism
   bool sp_regather = false;        // sequence parallelism: re-gather the column-parallel inputs in backward (Megatron)
+  // Pipeline (core/pipeline.hpp): the schedule, the micro-batches each data-parallel rank's batch is cut
+  // into (also without pp: gradient accumulation) and the stages per rank; 0: the schedule's default.
+  std::string pp_schedule = "1f1b";
+  int64_t pp_microbatches = 0, pp_virtual = 0;
   std::string layout;
   std::string backend = "auto";
   double bucket_mb = 25.0;

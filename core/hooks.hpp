@@ -31,6 +31,12 @@ struct RunInfo {
   int64_t rank = 0, world_size = 1;
   int64_t model_parallel = 1;        // ranks one sample's model is split over (tp x pp x cp)
   std::string collectives;           // how the collectives are implemented ("" on one rank)
+  // The pipeline schedule (core/pipeline.hpp; empty: none) and what its replay on equal costs (F = 1,
+  // B = 2, free transfers) gives: the bubble and this rank's peak of micro-batch stages in flight.
+  std::string pipeline_schedule;
+  int64_t pipeline_ranks = 1, pipeline_stages_per_rank = 1, pipeline_microbatches = 1;
+  double pipeline_bubble_formula = 0;
+  int64_t pipeline_in_flight_formula = 0;
 };
 
 // One collective the parallel layer ran (the hooks collective begin/end). `bytes` follows
@@ -69,6 +75,13 @@ struct StepInfo {
   double loss_scale = 0;         // the scale this step used; 0 without a scaler
   bool grads_nonfinite = false;  // some gradient was inf/NaN (checked where a scaler or fp16 runs)
   bool skipped = false;          // the optimizer step was skipped (scaler found inf/NaN)
+  // Pipelines (suites/parallel/pipeline.hpp), from forward_end: this rank's part of the schedule, its
+  // span, compute and waits for the neighbouring stages (s), its most micro-batch stages in flight, the
+  // bytes it sent and received. span_s 0: no pipeline.
+  struct Pipeline {
+    double span_s = 0, compute_s = 0, wait_s = 0;
+    int64_t peak_in_flight = 0, p2p_bytes = 0;
+  } pipeline;
 };
 
 // What a self-supervised objective saw on a step, for the SSL health probe (probes/ssl).

@@ -157,11 +157,25 @@ void check_layout_fits(const ParallelLayout& l, const ModelShape& m) {
 }
 
 std::string layout_unsupported(const ParallelLayout& l) {
-  for (const char* d : {"pp", "cp"})
-    if (l.degree(d) > 1) return std::string(d) + " (layout " + l.name() + ") is not implemented in this build yet";
+  if (l.cp > 1) return "cp (layout " + l.name() + ") is not implemented in this build yet";
+  if (l.pp > 1 && l.world() > l.pp) return "pp with other dimensions (layout " + l.name() + ") is not implemented in this build yet";
   if (l.dp_replicate > 1 && l.dp_shard > 1 && l.sharding != "zero3")
     return "dp_replicate x dp_shard shards at zero3 (hsdp); " + l.sharding + " with replicas is not implemented";
   return "";
+}
+
+pipeline::Schedule resolve_pipeline(const RunConfig& c, const ParallelLayout& l, const ModelShape& m) {
+  const auto n = [](int64_t x) { return std::to_string(x); };
+  const int64_t v = c.pp_virtual > 0 ? c.pp_virtual : l.pp > 1 ? pipeline::default_stages_per_rank(c.pp_schedule) : 1;
+  const int64_t mb = c.pp_microbatches > 0 ? c.pp_microbatches : l.pp > 1 ? pipeline::default_microbatches(c.pp_schedule, l.pp) : 1;
+  if (l.pp == 1 && (v > 1 || c.pp_schedule != "1f1b")) throw UsageError("pp_schedule and pp_virtual need pp > 1");
+  pipeline::Schedule s = pipeline::make_schedule(c.pp_schedule, l.pp, mb, v);
+  if (c.batch_size % mb != 0)
+    throw UsageError("pp_microbatches " + n(mb) + " does not divide batch_size " + n(c.batch_size) + " (the batch of each data-parallel rank)");
+  if (l.pp > 1 && m.layers % s.stages() != 0)
+    throw UsageError(n(s.stages()) + " pipeline stages (pp " + n(l.pp) + " x pp_virtual " + n(v) + ") do not divide the " + n(m.layers) +
+                     " layers");
+  return s;
 }
 
 }  // namespace trainscope

@@ -16,6 +16,7 @@
 
 #include "core/config.hpp"
 #include "core/model_shape.hpp"
+#include "core/pipeline.hpp"
 
 namespace trainscope {
 
@@ -59,5 +60,11 @@ void check_layout_fits(const ParallelLayout& l, const ModelShape& m);
 // Why this build cannot run the layout yet ("" when it can): a dimension it does not implement, or a
 // combination it does not (zero1/zero2 with replicas).
 std::string layout_unsupported(const ParallelLayout& l);
+
+// The pipeline a configuration runs: its schedule over the layout's pp ranks, with the micro-batches and
+// stages per rank resolved (0: the schedule's defaults; without pp, one stage and pp_microbatches
+// micro-batches whose gradients accumulate). UsageError, one line, when the schedule cannot take them,
+// the micro-batches do not divide the batch or the stages the layers.
+pipeline::Schedule resolve_pipeline(const RunConfig& c, const ParallelLayout& l, const ModelShape& m);
 
 }  // namespace trainscope

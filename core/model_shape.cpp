@@ -84,6 +84,7 @@ const std::vector<ModelShape>& model_presets() {
       llama("llama3-1b", 2048, 16, 32, 8, 8192, 8192, 128256, true, 32.0, "Llama 3.2 1B, tied head (GPU, planning)"),
       llama("llama3-8b", 4096, 32, 32, 8, 14336, 8192, 128256, false, 8.0, "Llama 3.1 8B (GPU, planning)"),
       llama("llama3-70b", 8192, 80, 64, 8, 28672, 8192, 128256, false, 8.0, "Llama 3.1 70B (planning)"),
+      llama("llama3-405b", 16384, 126, 128, 8, 53248, 8192, 128256, false, 8.0, "Llama 3.1 405B (planning)"),
   };
   return presets;
 }

@@ -426,6 +426,24 @@ void exposed_comm(const json&, const json& c, json& out) {
   const std::string strategy = cfg.value("parallel", "?"), model = cfg.value("model", "?");
   if (!p["exposed_comm_fraction"].is_number() || !(p["exposed_comm_fraction"].get<double>() > kExposedWarn)) return;
   const double f = p["exposed_comm_fraction"];
+  const json pipeline = value_at(c, {"metrics", "timing", "pipeline"});
+  if (pipeline.is_object()) {
+    // A pipeline's waits for its neighbouring stages are its bubble, and the stages' unequal costs.
+    const json bubble = pipeline["bubble"];
+    out.push_back(rec("parallel.exposed-comm", "warn",
+                      model + "/" + c["layout"].value("name", strategy) + ": the step waits " + format_fixed(100 * f, 0) +
+                          "% of its time" + at_ranks(cfg) + ", on its neighbouring stages (" + pipeline.value("schedule", "?") + ", " +
+                          std::to_string(pipeline.value("microbatches", 0)) + " micro-batches: bubble " +
+                          (bubble["measured"].is_number() ? format_fixed(100 * bubble["measured"].get<double>(), 0) + "%" : std::string("-")) +
+                          " measured on rank " + std::to_string(pipeline.value("rank", 0)) + ", " +
+                          format_fixed(100 * bubble.value("formula", 0.0), 0) +
+                          "% by the schedule on equal stages): more micro-batches (pp_microbatches) or interleaved-1f1b shrink the "
+                          "schedule's part; the rest is stages of unequal cost (the embedding on the first, the head and the loss on the last)",
+                      {{"exposed_comm_fraction", f}, {"bubble_measured", bubble["measured"]}, {"bubble_formula", bubble["formula"]},
+                       {"threshold", kExposedWarn}},
+                      {c["name"]}));
+    return;
+  }
   const json tp_comm = value_at(c, {"metrics", "comm", "dimensions", "tp"});
   if (tp_comm.is_object()) {
     // Tensor parallelism's collectives wait for the GEMM before them: on the critical path by design.

@@ -212,6 +212,7 @@ Trainer::Trainer(const RunConfig& config, const std::string& device, Communicato
   } else {
     tensor_parallel::rng_tracker().reset();
   }
+  setup_pipeline();
   ParamPolicy params;
   params.master = mode_.master;
   params.compute = mode_.param_dtype;
@@ -237,6 +238,9 @@ Trainer::Trainer(const RunConfig& config, const std::string& device, Communicato
   // rank-dropout-seed (a fault) seeds it per rank. Augmentations draw from a per-rank generator
   // (same-data-seed, a fault: one seed for all).
   if (config.inject == "rank-dropout-seed") torch::manual_seed(static_cast<uint64_t>(config.seed + 7919 * (rank_ + 1)));
+  // A pipeline's stages draw their dropout masks from seeds of their own (Megatron's _set_random_seed:
+  // seed + 100 x pipeline rank), not the same masks on every stage.
+  if (mesh_->layout().pp > 1) torch::manual_seed(static_cast<uint64_t>(config.seed + 100 * pp_rank_));
   const int64_t aug_rank = config.inject == "same-data-seed" ? 0 : rank_ + 1;
   augment_gen_ = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(config.seed * 1000003 + aug_rank));
 }
@@ -258,6 +262,16 @@ RunInfo Trainer::info() const {
   r.world_size = world_;
   r.model_parallel = mesh_->layout().tp * mesh_->layout().pp * mesh_->layout().cp;
   if (Communicator* c = strategy_->comm()) r.collectives = c->implementation();
+  if (pipeline_) {
+    const pipeline::Schedule& s = pipeline_->schedule();
+    const pipeline::Replay replay = pipeline::replay(s, {});
+    r.pipeline_schedule = s.name;
+    r.pipeline_ranks = s.ranks;
+    r.pipeline_stages_per_rank = s.stages_per_rank;
+    r.pipeline_microbatches = s.microbatches;
+    r.pipeline_bubble_formula = replay.bubble();
+    r.pipeline_in_flight_formula = replay.peak_in_flight.at(static_cast<size_t>(pp_rank_));
+  }
   return r;
 }
 
@@ -308,7 +322,12 @@ Batch Trainer::rank_batch(int64_t step, torch::Tensor* flips) {
 // parameters (after the previous step's synchronisation), the generators the replicated model draws
 // from, and what this rank's data stream produced.
 void Trainer::fingerprints(int64_t step, const Batch& batch, const torch::Tensor& flips, Hooks& hooks) {
-  auto emit = [&](const char* stream, const char* cls, uint64_t v) { hooks.fingerprint(Fingerprint{stream, cls, step, v}); };
+  // A pipeline's ranks hold different stages and draw dropout from their own seeds: each must-match
+  // stream is compared among the ranks of one pipeline rank (none other, until pp composes with dp).
+  const std::string stage = mesh_->layout().pp > 1 ? " (pipeline rank " + std::to_string(pp_rank_) + ")" : "";
+  auto emit = [&](const char* stream, const char* cls, uint64_t v) {
+    hooks.fingerprint(Fingerprint{std::string(stream) + (std::string(cls) == "must-match" ? stage : ""), cls, step, v});
+  };
   emit(step == 0 ? "initial-weights" : "parameters", "must-match", parameter_fingerprint());
   if (strategy_->comm()) hooks.parameter_spread(step, strategy_->parameter_spread());
   at::Tensor cpu_state;
@@ -345,11 +364,36 @@ void Trainer::fingerprints(int64_t step, const Batch& batch, const torch::Tensor
     std::lock_guard<std::mutex> lock(augment_gen_.mutex());
     emit("augmentation", "should-differ", fingerprint(augment_gen_.get_state()));
   }
-  // The tp ranks of one data-parallel slice share its samples by design: each tp coordinate's ranks are
-  // told apart (the value is keyed on it), so that only data-parallel ranks seeing the same data collide.
-  const int64_t shared = model_->tensor_parallel().rank;
+  // The tp and pp ranks of one data-parallel slice share its samples by design: each model-parallel
+  // coordinate's ranks are told apart (the value is keyed on it), so that only data-parallel ranks
+  // seeing the same data collide.
+  const int64_t shared = model_->tensor_parallel().rank + mesh_->layout().tp * pp_rank_;
   emit("data-samples", "should-differ", fingerprint(batch.target, fingerprint(batch.input, 1469598103934665603ULL + shared)));
   if (flips.defined()) emit("augmentation", "should-differ", fingerprint(flips));
+}
+
+torch::Tensor Trainer::forward_backward(const Batch& batch, StepInfo& si, Hooks& hooks) {
+  torch::Tensor loss;
+  {
+    compat::AutocastGuard autocast(device_.type(), mode_.autocast_dtype, mode_.autocast);
+    Fp8Scope fp8(mode_.fp8, config_.fp8_scaling == "delayed");
+    loss = model_->loss(batch);
+  }
+  hooks.forward_end(si);
+  if (hooks.wants_embeddings(si.step))
+    if (auto sample = model_->last_embeddings()) {
+      sample->step = si.step;
+      sample->loss = loss.detach().item<double>();  // a sync, on sampled steps only
+      hooks.embeddings(*sample);
+    }
+  torch::Tensor objective = config_.loss_multiplier != 1.0 ? loss * config_.loss_multiplier : loss;
+  if (scaler_) {
+    si.loss_scale = scaler_->current_scale();
+    objective = scaler_->scale(objective);
+  }
+  strategy_->before_backward();
+  objective.backward();
+  return loss;
 }
 
 torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
@@ -384,26 +428,8 @@ torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
   strategy_->zero_grad(*optimizer_);
   if (weight_rounding_) weight_rounding_->round();
   strategy_->before_forward();
-  torch::Tensor loss;
-  {
-    compat::AutocastGuard autocast(device_.type(), mode_.autocast_dtype, mode_.autocast);
-    Fp8Scope fp8(mode_.fp8, config_.fp8_scaling == "delayed");
-    loss = model_->loss(batch);
-  }
-  hooks.forward_end(si);
-  if (hooks.wants_embeddings(step))
-    if (auto sample = model_->last_embeddings()) {
-      sample->step = step;
-      sample->loss = loss.detach().item<double>();  // a sync, on sampled steps only
-      hooks.embeddings(*sample);
-    }
-  torch::Tensor objective = config_.loss_multiplier != 1.0 ? loss * config_.loss_multiplier : loss;
-  if (scaler_) {
-    si.loss_scale = scaler_->current_scale();
-    objective = scaler_->scale(objective);
-  }
-  strategy_->before_backward();
-  objective.backward();
+  // Forward and backward: the whole batch at once, or its micro-batches as the pipeline schedule runs them.
+  torch::Tensor loss = pipeline_ ? run_pipeline(batch, si, hooks) : forward_backward(batch, si, hooks);
   // fp16 emulation: masters back and gradients rounded to fp16 before they are reduced across ranks,
   // as fp16 gradients would be (zero2 frees the full gradients once reduced).
   if (weight_rounding_) weight_rounding_->restore();
@@ -424,15 +450,7 @@ torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
       if (p.grad().defined()) bad = bad || !torch::isfinite(p.grad()).all().item<bool>();
     si.grads_nonfinite = bad;
   }
-  if (config_.grad_clip > 0) {  // unscaled
-    // Under tp the split parameters count on every tp rank, the whole ones (the same gradient on
-    // each) on tp rank 0 only.
-    const TensorParallel& tp = model_->tensor_parallel();
-    std::vector<bool> counted;
-    if (tp.active())
-      for (const auto& item : model_->named_parameters()) counted.push_back(tp.rank == 0 || model_->tensor_parallel_split(item.key()));
-    strategy_->clip_grad_norm(opt_params_, config_.grad_clip, counted, tp.active() ? tp.group : nullptr);
-  }
+  if (config_.grad_clip > 0) clip_gradients();  // unscaled
   si.skipped = scaler_ && si.grads_nonfinite;
   if (!si.skipped) {
     optimizer_->step();
@@ -486,6 +504,81 @@ std::vector<std::pair<std::string, torch::Tensor>> Trainer::final_parameters() {
   for (auto& [name, t] : out)  // the tp ranks' shards joined (a collective over the tp group)
     if (const auto split = model_->tensor_parallel_split(name)) t = tensor_parallel::unshard(t, *split, tp);
   return out;
+}
+
+// Under tp the split parameters count on every tp rank, the whole ones (the same gradient on each) on
+// tp rank 0 only; under pp each stage's on its rank, a tied head on the first stage's.
+void Trainer::clip_gradients() {
+  const TensorParallel& tp = model_->tensor_parallel();
+  Communicator* pp = mesh_->group("pp");
+  std::vector<bool> counted;
+  for (const auto& item : model_->named_parameters()) {
+    if (tp.active()) counted.push_back(tp.rank == 0 || model_->tensor_parallel_split(item.key()));
+    else if (pp) counted.push_back(item.key() != model_->tied_head() || pp_rank_ == 0);
+  }
+  strategy_->clip_grad_norm(opt_params_, config_.grad_clip, counted, tp.active() ? tp.group : pp);
+}
+
+void Trainer::setup_pipeline() {
+  const pipeline::Schedule schedule = resolve_pipeline(config_, mesh_->layout(), preset_);
+  if (mesh_->layout().pp == 1 && schedule.microbatches == 1) return;
+  pipeline_ = std::make_unique<Pipeline>(schedule, mesh_->group("pp"), preset_.layers);
+  if (mesh_->layout().pp == 1) return;
+  pp_rank_ = mesh_->coordinate("pp");
+  const std::vector<int64_t> mine = pipeline_->my_stages();
+  model_->drop_parameters([&](const std::string& name) {
+    return std::any_of(mine.begin(), mine.end(), [&](int64_t stage) {
+      const auto [first, last] = pipeline_->layers_of(stage);
+      return model_->used_by_layers(name, first, last);
+    });
+  });
+  // A tied head is the embedding's weight on the first stage's rank and the head's on the last one's:
+  // their gradients are added after the step's backwards (Megatron's embedding group), so that both
+  // copies take the same step.
+  const int64_t first = schedule.rank_of(0), last = pipeline_->last_stage_rank();
+  if (!model_->tied_head().empty() && (pp_rank_ == first || pp_rank_ == last)) {
+    const std::vector<int> members = mesh_->members("pp");
+    tied_group_ = mesh_->world()->split({members.at(static_cast<size_t>(first)), members.at(static_cast<size_t>(last))}, "pp-tied-head");
+  }
+}
+
+torch::Tensor Trainer::run_pipeline(const Batch& batch, StepInfo& si, Hooks& hooks) {
+  const int64_t m = pipeline_->schedule().microbatches;
+  const bool staged = mesh_->layout().pp > 1;
+  Pipeline::Steps steps;
+  steps.forward = [&](const torch::Tensor& in, int64_t first, int64_t last, const Batch& mb) {
+    compat::AutocastGuard autocast(device_.type(), mode_.autocast_dtype, mode_.autocast);
+    Fp8Scope fp8(mode_.fp8, config_.fp8_scaling == "delayed");
+    if (!staged) return model_->loss(mb);
+    const torch::Tensor out = model_->forward_layers(in, first, last);
+    return last == preset_.layers ? model_->loss_of(out, mb) : out;
+  };
+  // Each micro-batch's loss is the mean over its tokens: 1/m of it makes the accumulated gradient the
+  // whole batch's mean.
+  steps.objective = [&](const torch::Tensor& loss) {
+    const torch::Tensor share = loss * (config_.loss_multiplier / static_cast<double>(m));
+    return scaler_ ? scaler_->scale(share) : share;
+  };
+  steps.boundary_like = [&](const Batch& mb) {
+    return torch::empty({mb.input.size(0), mb.input.size(1), preset_.width}, torch::TensorOptions().device(device_).dtype(mode_.param_dtype));
+  };
+  if (scaler_) si.loss_scale = scaler_->current_scale();
+  strategy_->before_backward();
+  torch::Tensor loss = pipeline_->run(batch, steps);
+  const PipelineStats& st = pipeline_->stats();
+  si.pipeline = {st.span_s, st.compute_s, st.wait_s, st.peak_in_flight, st.p2p_bytes};
+  hooks.forward_end(si);
+  if (tied_group_) {
+    torch::NoGradGuard no_grad;
+    for (auto& item : model_->named_parameters())
+      if (item.key() == model_->tied_head() && item.value().grad().defined()) tied_group_->all_reduce(item.value().mutable_grad(), /*average=*/false);
+  }
+  if (!staged) return loss;
+  // The last stage's mean loss, on every rank of the pipeline (for the log; not the step's communication).
+  const bool holds_loss = pp_rank_ == pipeline_->last_stage_rank();
+  torch::Tensor shared = holds_loss ? loss.detach().to(torch::kDouble).reshape({1}) : torch::zeros({1}, torch::TensorOptions().device(device_).dtype(torch::kDouble));
+  mesh_->group("pp")->all_reduce(shared, /*average=*/false, /*record=*/false);
+  return holds_loss ? loss : shared[0];
 }
 
 // The strategy's fingerprint of this rank's parameters; under tensor parallelism the tp ranks' ones

@@ -10,6 +10,7 @@
 #include "suites/parallel/comm.hpp"
 #include "suites/models/data.hpp"
 #include "suites/models/models.hpp"
+#include "suites/parallel/pipeline.hpp"
 #include "suites/parallel/strategies.hpp"
 #include "suites/techniques/precision.hpp"
 #include "suites/ssl/methods.hpp"
@@ -102,6 +103,14 @@ class Trainer {
   void fingerprints(int64_t step, const Batch& batch, const torch::Tensor& flips, Hooks& hooks);
   uint64_t parameter_fingerprint();
   std::vector<std::pair<std::string, torch::Tensor>> local_parameters();  // this rank's, tp shards as they are
+  // One step's forward and backward over the whole batch; its loss.
+  torch::Tensor forward_backward(const Batch& batch, StepInfo& si, Hooks& hooks);
+  // pp: this rank's stages' parameters kept, the others emptied; the tied head's pair of ranks.
+  void setup_pipeline();
+  // The micro-batches' forwards and backwards as the pipeline schedule runs them; the mean loss on every rank.
+  torch::Tensor run_pipeline(const Batch& batch, StepInfo& si, Hooks& hooks);
+  // The global gradient-norm clip; under tp or pp each rank counts its parameters once across the group.
+  void clip_gradients();
 
   RunConfig config_;
   torch::Device device_;
@@ -123,6 +132,9 @@ class Trainer {
   int64_t current_step_ = -1;              // -1 outside training steps (evaluation)
   int64_t applied_steps_ = 0;              // optimizer steps taken (skipped ones not counted)
   std::unique_ptr<ParityRecord> parity_;   // parity_dump only
+  std::unique_ptr<Pipeline> pipeline_;     // pp > 1, or micro-batches whose gradients accumulate
+  int64_t pp_rank_ = 0;
+  std::unique_ptr<Communicator> tied_group_;  // pp: the first and last stages' ranks, which both hold a tied head
 };
 
 // Runs warm-up + measured steps with the hooks, then evaluates. A loss that turns non-finite and

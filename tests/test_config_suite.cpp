@@ -1,5 +1,7 @@
 // Suite files, configuration values and axis expansion.
 #include <fstream>
+#include <set>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -9,6 +11,7 @@
 #include "core/errors.hpp"
 #include "core/layout.hpp"
 #include "core/model_shape.hpp"
+#include "core/pipeline.hpp"
 #include "core/precision.hpp"
 #include "suites/suite_file.hpp"
 
@@ -366,7 +369,11 @@ TEST(Layout, TheConfigurationChecksIt) {
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"layout", "cp3"}}), "2 x cp equal chunks");
   EXPECT_EQ(RunConfig::from_json({{"model", "gpt-tiny"}, {"tp", 2}}).world_size, 2);
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "vit-tiny"}, {"tp", 2}}), "vit models have none");
-  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp", 2}}), "not implemented in this build yet");
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"cp", 2}}), "not implemented in this build yet");
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp", 2}, {"tp", 2}}), "pp with other dimensions (layout pp2-tp2)");
+  EXPECT_EQ(RunConfig::from_json({{"model", "llama-tiny"}, {"pp", 2}, {"batch_size", 4}}).world_size, 2);
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp_virtual", 2}}), "pp_schedule and pp_virtual need pp > 1");
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp_microbatches", 4}, {"method", "simclr"}}), "cuts the batch");
   EXPECT_EQ(RunConfig::from_json({{"model", "llama-tiny"}, {"tp", 2}, {"sequence_parallel", true}}).world_size, 2);
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"sequence_parallel", true}}), "needs tp > 1");
   EXPECT_EQ(RunConfig::from_json({{"model", "llama-tiny"}, {"tp", 2}, {"grad_clip", 1.0}}).grad_clip, 1.0);
@@ -409,4 +416,67 @@ TEST(Devices, AFileAddsADeviceAndBadFilesAreOneLine) {
     std::ofstream(path) << text;
     EXPECT_THAT_ERROR(read_device_file(path), says);
   }
+}
+
+// Pipeline schedules as data (core/pipeline.hpp), replayed on equal unit costs (F = 1, B = 2, or I = W =
+// 1) with free transfers: the bubbles of Narayanan et al. 2021, Section 2.2 ((p-1)/m; interleaved
+// (p-1)/vm) and Qi et al. 2023's ZB-H1 ((p-1)/3m) come out exactly (sums of small integers: exact in a
+// double), and so do the in-flight peaks torch's own schedules showed on 2 ranks (tp-pp-cp notes, 3.2).
+TEST(PipelineSchedule, ReplayGivesTheBubbleAndInFlightFormulas) {
+  using namespace trainscope::pipeline;
+  const Costs unit{1, 1, 1, 0};
+  for (int64_t p : {2, 4, 8})
+    for (int64_t m : {2 * p, 4 * p}) {
+      const std::string at = "p " + std::to_string(p) + ", m " + std::to_string(m);
+      const double pm = static_cast<double>(p - 1) / static_cast<double>(m);
+      const Replay gpipe = replay(make_schedule("gpipe", p, m, 1), unit);
+      const Replay one = replay(make_schedule("1f1b", p, m, 1), unit);
+      const Replay zb = replay(make_schedule("zb-1p", p, m, 1), unit);
+      EXPECT_DOUBLE_EQ(gpipe.bubble(), pm) << at;
+      EXPECT_DOUBLE_EQ(one.bubble(), pm) << at;
+      EXPECT_DOUBLE_EQ(zb.bubble(), pm / 3) << at;
+      for (int64_t r = 0; r < p; ++r) {
+        EXPECT_EQ(gpipe.peak_in_flight[r], m) << at;
+        EXPECT_EQ(one.peak_in_flight[r], p - r) << at << " rank " << r;
+        EXPECT_EQ(zb.peak_in_flight[r], p) << at << " rank " << r;
+      }
+      for (int64_t v : {2, 4}) {
+        const Replay inter = replay(make_schedule("interleaved-1f1b", p, m, v), unit);
+        EXPECT_DOUBLE_EQ(inter.bubble(), pm / static_cast<double>(v)) << at << " v " << v;
+        for (int64_t r = 0; r < p; ++r)  // chunks: Megatron's warm-up + 1
+          EXPECT_EQ(inter.peak_in_flight[r], std::min(m * v, 2 * (p - 1 - r) + (v - 1) * p + 1)) << at << " v " << v << " rank " << r;
+      }
+    }
+  // A transfer between ranks delays each hop of gpipe's forward and backward waves (stage s runs
+  // micro-batch i's forward at s(F + c) + iF): its makespan grows by 2(p-1) transfers.
+  const Replay slow = replay(make_schedule("gpipe", 4, 8, 1), Costs{1, 1, 1, 0.5});
+  EXPECT_DOUBLE_EQ(slow.makespan, replay(make_schedule("gpipe", 4, 8, 1), unit).makespan + 2 * 3 * 0.5);
+}
+
+// Every table runs each (stage, F/B or F/I/W, micro-batch) exactly once, on the rank that holds the
+// stage; a table out of order is a deadlock the replay names; numbers a schedule cannot take are one line.
+TEST(PipelineSchedule, TablesAreCompleteAndBadOnesAreCaught) {
+  using namespace trainscope::pipeline;
+  for (const std::string& name : schedule_names()) {
+    const int64_t p = 4, v = default_stages_per_rank(name), m = default_microbatches(name, p);
+    const Schedule s = make_schedule(name, p, m, v);
+    std::set<std::tuple<int64_t, int, int64_t>> seen;
+    for (int64_t r = 0; r < p; ++r)
+      for (const Action& a : s.actions[r]) {
+        EXPECT_EQ(s.rank_of(a.stage), r) << name;
+        EXPECT_TRUE(seen.insert({a.stage, static_cast<int>(a.op), a.microbatch}).second) << name << " repeats an action";
+      }
+    EXPECT_EQ(seen.size(), static_cast<size_t>(p * v * m * (name == "zb-1p" ? 3 : 2))) << name;
+  }
+  Schedule bad = make_schedule("1f1b", 2, 2, 1);
+  std::swap(bad.actions[1][0], bad.actions[1][2]);  // rank 1: F1, B0 (before F0: stuck), F0, B1
+  try {
+    replay(bad, {});
+    ADD_FAILURE() << "the replay ran a table that deadlocks";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("deadlocks: rank 0 at B0 of stage 0, rank 1 at B0 of stage 1"), std::string::npos) << e.what();
+  }
+  EXPECT_THAT_ERROR(make_schedule("interleaved-1f1b", 4, 6, 2), "pp_microbatches 6 is not a multiple of pp 4");
+  EXPECT_THAT_ERROR(make_schedule("1f1b", 2, 4, 2), "pp_virtual 2 needs interleaved-1f1b");
+  EXPECT_THAT_ERROR(make_schedule("dualpipe", 2, 4, 1), "expected gpipe, 1f1b, interleaved-1f1b or zb-1p");
 }

@@ -41,7 +41,7 @@ TEST(Gate, AbCatchesAnInjectedSlowdownAndPassesAnAaRun) {
   EXPECT_EQ(aa["slots"][2]["side"], "new");
   EXPECT_EQ(s["slots"].size(), 4 * s["blocks"].get<size_t>());  // the default: ABBA
   // Bad input: one line, exit 2.
-  for (const std::string bad : {"ab --base /nonexistent --new " + bin(), "ab --base /bin/true --new " + bin(),
+  for (const std::string& bad : {"ab --base /nonexistent --new " + bin(), "ab --base /bin/true --new " + bin(),
                                 "ab --base " + bin() + " --new " + bin() + " --min-effect 120%",
                                 // a setting one side refuses: bad input, and ab.json says where it stopped
                                 args + " --new-set precision=fp4 --out " + tmp("ab_bad")}) {

@@ -85,11 +85,12 @@ TEST(Models, GptShapeParametersAndFlopsByHand) {
 }
 
 // The published Llama 3 shapes, counted from their dimensions without allocating anything: the counts
-// Meta's model cards and HF's configs give (Llama 3.2 1B "1.23B", tied; Llama 3.1 8B and 70B, untied).
+// Meta's model cards and HF's configs give (Llama 3.2 1B "1.23B", tied; Llama 3.1 8B, 70B and 405B, untied).
 TEST(Models, PublishedLlamaShapesHaveTheirParameterCountsAndFlops) {
   EXPECT_EQ(analytic_decoder_parameters(model_preset("llama3-1b")), 1235814400);
   EXPECT_EQ(analytic_decoder_parameters(model_preset("llama3-8b")), 8030261248);
   EXPECT_EQ(analytic_decoder_parameters(model_preset("llama3-70b")), 70553706496);
+  EXPECT_EQ(analytic_decoder_parameters(model_preset("llama3-405b")), 405853388800);  // HF's config: 126 layers, d 16384, FFN 53248
   // torchtitan's get_dense_model_nparams_and_flops at seq 8192: 6·(N - embedding) + 12·L·H·Dh·S.
   EXPECT_DOUBLE_EQ(decoder_flops_per_token(model_preset("llama3-8b"), FlopConvention::Full), 57914449920.0);
   EXPECT_DOUBLE_EQ(decoder_flops_per_token(model_preset("llama3-70b"), FlopConvention::Full), 481442709504.0);
@@ -100,7 +101,7 @@ TEST(Models, PublishedLlamaShapesHaveTheirParameterCountsAndFlops) {
 }
 
 // HF's LlamaForCausalLM built on the meta device (tests/parity/hf_llama.py) counts the same parameters
-// for every llama preset, the published three included.
+// for every llama preset, the published four included.
 TEST(Models, LlamaParameterCountsEqualHuggingFacesModel) {
   const std::string python = std::string(test::kTorchVenv) + "/bin/python";
   if (std::string(test::kTorchVenv).empty()) GTEST_SKIP() << "no project virtual environment (a LibTorch of your own)";
@@ -114,9 +115,12 @@ TEST(Models, LlamaParameterCountsEqualHuggingFacesModel) {
   ASSERT_EQ(rc, 0);
   std::ifstream f(out);
   const json counts = json::parse(f);
-  ASSERT_EQ(counts.size(), 5u);
-  for (const auto& p : model_presets())
-    if (p.family == "llama") EXPECT_EQ(counts.at(p.name).get<int64_t>(), analytic_decoder_parameters(p)) << p.name;
+  ASSERT_EQ(counts.size(), 6u);
+  for (const auto& p : model_presets()) {
+    if (p.family == "llama") {
+      EXPECT_EQ(counts.at(p.name).get<int64_t>(), analytic_decoder_parameters(p)) << p.name;
+    }
+  }
 }
 
 TEST(Models, LlamaBuildsItsShapeAndIsCausalOnBothAttentionPaths) {

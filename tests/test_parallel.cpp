@@ -348,7 +348,11 @@ TEST(Parallel, BadLayoutsAreOneLineErrors) {
            {"--set layout=dp2", "expected dimensions joined by '-'"},
            {"--set parallel=zero3 --set dp_replicate=2 --set world_size=4", "means dp_shard4"},
            {"--set layout=dp_shard2 --set dp_shard=4", "has dp_shard 2, but dp_shard = 4"},
-           {"--set pp=2", "pp (layout pp2) is not implemented"}}) {
+           {"--set pp=2 --set dp_shard=2", "pp with other dimensions (layout pp2-dp_shard2) is not implemented"},
+           {"--set pp=2 --set pp_microbatches=3", "pp_microbatches 3 does not divide batch_size"},
+           {"--set pp=2 --set pp_schedule=interleaved-1f1b", "4 pipeline stages (pp 2 x pp_virtual 2) do not divide the 2 layers"},
+           {"--set pp=2 --set pp_schedule=zb-1p", "zb-1p is planned (trainscope plan), not trained, in this build"},
+           {"--set cp=2", "cp (layout cp2) is not implemented"}}) {
     const Result r = ts("run --suite quick --filter gpt-tiny/32-true --nproc 4 --out " + tmp("bad-layout") + " " + sets);
     EXPECT_EQ(r.code, 2) << sets << "\n" << r.out;
     EXPECT_NE(r.out.find(says), std::string::npos) << sets << "\n" << r.out;
@@ -482,6 +486,119 @@ inject = "tp-same-dropout-seed"
   EXPECT_EQ(same["metrics"]["rng"]["violations"], 1) << same["metrics"]["rng"].dump();
   EXPECT_EQ(tp_stream(same)["verdict"], "violated");
   EXPECT_EQ(tp_stream(same)["ranks"], json::array({0, 1}));
+}
+
+// Pipeline parallelism on 2 ranks, each schedule against one process accumulating the same 4
+// micro-batches' gradients: every stage runs the same layers on the same micro-batch as the one process,
+// the boundary's hidden states and gradients travel as exact bits, and each parameter's gradient
+// accumulates micro-batch by micro-batch in the same order (the schedules backward 0..3 on every stage),
+// so the parameters are equal bit for bit (an untied Llama: nothing is summed across ranks). A tied head
+// (GPT) is the one exception: its two halves, the embedding's on rank 0 and the head's on rank 1, are
+// summed once per step rather than per micro-batch, a reassociation of 2m = 8 fp64 terms: at most
+// 8 x 2^-53 of the gradient's size per step (atol 1e-12 over these 3 SGD steps of lr 0.05).
+// Each rank's measured in-flight peak equals the schedule's replay, and so does the bubble's formula.
+TEST(Parallel, PipelineSchedulesEqualOneProcessAccumulatingTheMicroBatches) {
+  const SuiteRun run = run_suite_text("pipeline", R"(
+name = "pipeline"
+[base]
+model = "my-llama"
+precision = "64-true"
+warmup_steps = 1
+steps = 2
+eval = false
+overflow_every = 0
+save_parameters = true
+optimizer = "sgd"
+lr = 0.05
+batch_size = 8
+pp_microbatches = 4
+[models.my-llama]
+family = "llama"
+layers = 4
+d_model = 32
+heads = 4
+kv_heads = 2
+ffn = 64
+seq_len = 16
+vocab = 256
+tied = false
+[[cells]]
+name = "accumulate"
+[[cells]]
+name = "gpipe"
+pp = 2
+pp_schedule = "gpipe"
+[[cells]]
+name = "1f1b"
+pp = 2
+[[cells]]
+name = "interleaved"
+pp = 2
+pp_schedule = "interleaved-1f1b"
+[[cells]]
+name = "1f1b-full"
+pp = 2
+checkpoint = "full"
+[[cells]]
+name = "gpt/accumulate"
+model = "gpt-tiny"
+batch_size = 4
+[[cells]]
+name = "gpt/1f1b"
+model = "gpt-tiny"
+batch_size = 4
+pp = 2
+grad_clip = 0.05
+[[cells]]
+name = "gpt/accumulate-clip"
+model = "gpt-tiny"
+batch_size = 4
+grad_clip = 0.05
+)", "--nproc 2");
+  ASSERT_EQ(run.result.code, 0) << run.result.out;
+  const Result valid = validate_report(run.out + "/report.json");  // the pipeline section and the send/recv rows
+  EXPECT_EQ(valid.code, 0) << valid.out;
+  // A rank's saved parameters are its stages' (the others empty): the two ranks' joined by name.
+  auto joined = [&](const std::string& cell) {
+    std::vector<torch::Tensor> out = load_params(run.out + "/cells/" + cell + ".rank0.params.pt");
+    const auto r1 = load_params(run.out + "/cells/" + cell + ".rank1.params.pt");
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (out[i].numel() == 0) {
+        out[i] = r1.at(i);
+      } else if (r1.at(i).numel() > 0) {
+        EXPECT_TRUE(torch::equal(out[i], r1[i])) << cell << " parameter " << i << ": the tied head's two copies differ";
+      }
+    }
+    return out;
+  };
+  const auto one = load_params(run.out + "/cells/accumulate.params.pt");
+  ASSERT_FALSE(one.empty());
+  for (const std::string cell : {"gpipe", "1f1b", "interleaved", "1f1b-full"}) {
+    const auto pp = joined(cell);
+    ASSERT_EQ(pp.size(), one.size()) << cell;
+    for (size_t i = 0; i < one.size(); ++i)
+      EXPECT_TRUE(torch::equal(pp[i], one[i])) << cell << " parameter " << i << ": max |diff| " << (pp[i] - one[i]).abs().max().item<double>();
+    EXPECT_EQ(cell_named(run.report, cell)["metrics"]["quality"]["final_loss"], cell_named(run.report, "accumulate")["metrics"]["quality"]["final_loss"]) << cell;
+  }
+  const auto gpt_one = load_params(run.out + "/cells/gpt_accumulate-clip.params.pt");
+  const auto gpt_pp = joined("gpt_1f1b");
+  ASSERT_EQ(gpt_pp.size(), gpt_one.size());
+  for (size_t i = 0; i < gpt_one.size(); ++i)
+    EXPECT_TRUE(torch::allclose(gpt_pp[i], gpt_one[i], /*rtol=*/0, /*atol=*/1e-12)) << "gpt parameter " << i;
+  // In flight on ranks 0 and 1 (p = 2, m = 4): gpipe m, 1f1b p - r, interleaved (v = 2) 2(p-1-r) + (v-1)p + 1
+  // chunks; bubbles (p-1)/m and (p-1)/vm. The bytes: every micro-batch's [2, 16, 32] fp64 hidden states
+  // (8 KiB) one way and their gradient back over each boundary a rank touches (1, or 3 interleaved).
+  const std::map<std::string, std::array<double, 5>> expect{{"gpipe", {4, 4, 0.25, 1}}, {"1f1b", {2, 1, 0.25, 1}}, {"interleaved", {5, 3, 0.125, 3}}};
+  for (const auto& [cell, e] : expect)
+    for (int r = 0; r < 2; ++r) {
+      const json rank = read_json(run.out + "/cells/" + cell + ".rank" + std::to_string(r) + ".json");
+      const json p = rank["metrics"]["timing"]["pipeline"];
+      EXPECT_EQ(p["in_flight_microbatches"]["measured"], e[static_cast<size_t>(r)]) << cell << " rank " << r << p.dump();
+      EXPECT_EQ(p["in_flight_microbatches"]["formula"], e[static_cast<size_t>(r)]) << cell << " rank " << r;
+      EXPECT_DOUBLE_EQ(p["bubble"]["formula"].get<double>(), e[2]) << cell;
+      EXPECT_GE(p["bubble"]["measured"].get<double>(), 0.0) << cell;
+      EXPECT_EQ(p["p2p_bytes_per_step"].get<double>(), e[3] * 2 * 4 * (2 * 16 * 32 * 8)) << cell << " rank " << r;
+    }
 }
 
 // hsdp on 4 ranks in two shard groups of 2: each block's gradients reduce-scattered within the group,
@@ -1072,19 +1189,37 @@ parallel = "single"
 tp = 2
 batch_size = 4
 inject = "hang"
+# A pipeline stage waits on its neighbour's hidden states or gradients: the same outcomes.
+[[cells]]
+name = "pp2/inject=crash"
+model = "gpt-tiny"
+parallel = "single"
+pp = 2
+batch_size = 4
+inject = "crash"
+[[cells]]
+name = "pp2/inject=hang"
+model = "gpt-tiny"
+parallel = "single"
+pp = 2
+batch_size = 4
+inject = "hang"
 )", "--nproc 2");
   const Result& r = run.result;
   const std::string& out = run.out;
   EXPECT_EQ(r.code, 1) << r.out;  // a failed cell, the report written
-  for (const char* name : {"tp2/inject=crash", "tp2/inject=hang"}) {
+  for (const char* name : {"tp2/inject=crash", "tp2/inject=hang", "pp2/inject=crash", "pp2/inject=hang"}) {
     const json cell = cell_named(run.report, name);
     EXPECT_EQ(cell["status"], "failed") << name;
     EXPECT_LT(cell["wall_s"].get<double>(), 60.0) << name;
     EXPECT_NE(cell["reason"].get<std::string>().find("rank"), std::string::npos) << cell["reason"];
   }
-  EXPECT_NE(cell_named(run.report, "tp2/inject=crash")["reason"].get<std::string>().find("rank 1 killed by signal 11"), std::string::npos);
-  EXPECT_NE(cell_named(run.report, "tp2/inject=hang")["reason"].get<std::string>().find("rank(s) 1 had not failed and were stopped"),
-            std::string::npos);
+  for (const char* tp_or_pp : {"tp2", "pp2"}) {
+    const std::string name = std::string(tp_or_pp);
+    EXPECT_NE(cell_named(run.report, name + "/inject=crash")["reason"].get<std::string>().find("rank 1 killed by signal 11"), std::string::npos);
+    EXPECT_NE(cell_named(run.report, name + "/inject=hang")["reason"].get<std::string>().find("rank(s) 1 had not failed and were stopped"),
+              std::string::npos);
+  }
   const json& report = run.report;
   const json crash = cell_named(report, "inject=crash");
   EXPECT_EQ(crash["status"], "failed");

@@ -295,7 +295,9 @@ TEST_F(Parity, SslStepsMatchTheSameStepWithLightlysLoss) {
     const json lightly = check("ssl/losses", method + " step: parameters after one SGD step with lightly's");
     const std::string v = lightly.value("verdict", "");
     EXPECT_TRUE(v == "exact" || v == "within") << lightly.dump();
-    if (v == "within") EXPECT_LE(lightly["share_of_bound"].get<double>(), 1.0);
+    if (v == "within") {
+      EXPECT_LE(lightly["share_of_bound"].get<double>(), 1.0);
+    }
   }
   EXPECT_EQ(check("ssl/losses", "DINO step: the EMA teacher after the step (trainscope's")["verdict"], "exact");
   const std::string centre = check("ssl/losses", "DINO step: the centre after the step")["verdict"];
@@ -369,7 +371,9 @@ TEST_F(Parity, Bf16MasterMatchesFsdp2MixedPrecisionBitForBit) {
     EXPECT_EQ(check(cell, "parameters after 23 steps")["verdict"], "exact") << cell;
     EXPECT_EQ(check(cell, "loss at each of 23 steps")["verdict"], "exact") << cell;
     for (const auto& k : row(cell)["checks"])
-      if (k.value("name", "").find("bytes per step") != std::string::npos) EXPECT_EQ(k["verdict"], "exact") << cell << ": " << k.dump();
+      if (k.value("name", "").find("bytes per step") != std::string::npos) {
+        EXPECT_EQ(k["verdict"], "exact") << cell << ": " << k.dump();
+      }
     for (const char* part : {"grads", "optimizer"}) EXPECT_EQ(check(cell, std::string("rank 1 ") + part + " bytes")["verdict"], "exact") << cell;
   }
   EXPECT_NE(row("gpt-tiny/ddp/bf16-master").value("reference", "").find("replicate"), std::string::npos);
@@ -540,7 +544,9 @@ TEST_F(Parity, DeepSpeedOnLlamaIsFsdp2WithItsModuleHooksBitForBit) {
   const json params = named("parameters after 23 steps");
   const std::string v = params.value("verdict", "");
   EXPECT_TRUE(v == "exact" || v == "design-difference") << params.dump();
-  if (v == "design-difference") EXPECT_LE(params["difference"].get<double>(), 2.5e-7);  // a last-bit difference
+  if (v == "design-difference") {
+    EXPECT_LE(params["difference"].get<double>(), 2.5e-7);  // a last-bit difference
+  }
 }
 
 TEST_F(Parity, LlamaCountsAndBothFlopConventionsAgainstFlopCounterMode) {

@@ -383,7 +383,9 @@ TEST(Plan, TensorParallelSplitsTheLayersInsideANode) {
   const json w = json::parse(wide.out)["candidates"];
   ASSERT_EQ(w.size(), 1u);
   for (const auto& k : w[0]["time"]["collectives"])
-    if (k.value("dimension", "") == "tp") EXPECT_EQ(k["level"], "inter-node");
+    if (k.value("dimension", "") == "tp") {
+      EXPECT_EQ(k["level"], "inter-node");
+    }
   // The reasoning says what a chosen tp divides and what its collectives cost.
   const Result chosen = ts(base + " --set tp=4");
   ASSERT_EQ(chosen.code, 0) << chosen.out;

@@ -758,7 +758,9 @@ TEST(Rules, EachStaysQuietOnItsNearMiss) {
     SCOPED_TRACE(c.name);
     const json recs = recommend(c.quiet());
     EXPECT_TRUE(findings_of(recs, c.rule).empty()) << recs.dump(1);
-    if (!c.instead.empty()) EXPECT_FALSE(findings_of(recs, c.instead).empty()) << recs.dump(1);
+    if (!c.instead.empty()) {
+      EXPECT_FALSE(findings_of(recs, c.instead).empty()) << recs.dump(1);
+    }
   }
 }
 
@@ -891,5 +893,22 @@ TEST(Rules, ExposedCommunicationUnderTpNamesTpsShare) {
   const std::string text = text_of(f[0]);
   EXPECT_NE(text.find("gpt-tiny/tp2: exposed communication is 60% of the step"), std::string::npos) << text;
   EXPECT_NE(text.find("75% of it tp's"), std::string::npos) << text;  // 0.03 of 0.04 s exposed
+  EXPECT_EQ(text.find("bucket"), std::string::npos) << text;
+}
+
+// A pipeline cell's waits are its bubble: the finding gives the measured bubble beside the schedule's and
+// the pipeline's remedies, not the buckets'.
+TEST(Rules, ExposedCommunicationUnderPpIsTheBubble) {
+  json pp = rank_cell("single", 2, 0.12, 800e6, 0.6);
+  pp["layout"] = {{"name", "pp2"}, {"pp", 2}};
+  pp["metrics"]["timing"]["pipeline"] = {{"schedule", "1f1b"}, {"ranks", 2}, {"stages_per_rank", 1}, {"microbatches", 4}, {"rank", 0},
+                                         {"bubble", {{"measured", 0.5}, {"formula", 0.25}}},
+                                         {"in_flight_microbatches", {{"measured", 2}, {"formula", 2}}}};
+  const std::vector<json> f = findings_of(recommend(make_report(env(), json::object(), {single(), pp})), "parallel.exposed-comm");
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_DOUBLE_EQ(number(f[0], "/bubble_formula"), 0.25);
+  const std::string text = text_of(f[0]);
+  EXPECT_NE(text.find("gpt-tiny/pp2: the step waits 60% of its time"), std::string::npos) << text;
+  EXPECT_NE(text.find("bubble 50% measured on rank 0, 25% by the schedule"), std::string::npos) << text;
   EXPECT_EQ(text.find("bucket"), std::string::npos) << text;
 }

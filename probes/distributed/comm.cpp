@@ -14,7 +14,7 @@ double now_s() {
 
 double bus_factor(const std::string& op, int64_t ranks) {
   const double n = static_cast<double>(ranks);
-  if (op == "broadcast") return 1.0;
+  if (op == "broadcast" || op == "send" || op == "recv") return 1.0;  // nccl-tests' sendrecv: busbw = algbw
   if (ranks <= 1) return 0.0;
   if (op == "all-reduce") return 2.0 * (n - 1) / n;
   if (op == "all-gather" || op == "reduce-scatter" || op == "all-to-all") return (n - 1) / n;

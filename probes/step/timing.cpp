@@ -151,6 +151,31 @@ void TimingProbe::run_end(const RunEnd&) {
   if (clock_) steps_ = clock_->resolve();
 }
 
+// This rank's pipeline: the bubble it measured (idle over compute, the median over the measured steps)
+// and its peak of micro-batch stages in flight, each beside the schedule's replay on equal costs.
+json TimingProbe::pipeline_section() const {
+  std::vector<double> bubble, wait, span;
+  int64_t peak = 0, bytes = 0;
+  for (const auto& p : pipeline_) {
+    bubble.push_back(p.compute_s > 0 ? (p.span_s - p.compute_s) / p.compute_s : 0.0);
+    wait.push_back(p.wait_s);
+    span.push_back(p.span_s);
+    peak = std::max(peak, p.peak_in_flight);
+    bytes = p.p2p_bytes;
+  }
+  const auto median = [](const std::vector<double>& v) { return v.empty() ? json(nullptr) : json(summarize(v).p50); };
+  return {{"schedule", info_.pipeline_schedule},
+          {"ranks", info_.pipeline_ranks},
+          {"stages_per_rank", info_.pipeline_stages_per_rank},
+          {"microbatches", info_.pipeline_microbatches},
+          {"rank", info_.rank},
+          {"bubble", {{"measured", median(bubble)}, {"formula", info_.pipeline_bubble_formula}}},
+          {"in_flight_microbatches", {{"measured", pipeline_.empty() ? json(nullptr) : json(peak)}, {"formula", info_.pipeline_in_flight_formula}}},
+          {"wait_s", median(wait)},
+          {"span_s", median(span)},
+          {"p2p_bytes_per_step", bytes}};
+}
+
 json TimingProbe::section() const {
   std::vector<double> step, fwd, bwd, opt;
   for (const auto& d : steps_) {
@@ -168,6 +193,7 @@ json TimingProbe::section() const {
   // Every measured step, so that a comparison can test distributions and not only percentiles.
   j["samples_s"] = {{"step", step}, {"forward", fwd}, {"backward", bwd}, {"optimizer", opt}};
   j["clock"] = clock_ ? clock_->kind() : "none";
+  if (!info_.pipeline_schedule.empty()) j["pipeline"] = pipeline_section();
   // Global throughput: every data-parallel rank steps in lockstep on its own slice of the global batch,
   // which the model-parallel ranks of that slice share (each device's share: 1/model_parallel of it).
   // FLOP/s are global too; MFU divides by the peak of all the devices (the per-device peak x ranks).

@@ -34,7 +34,10 @@ class TimingProbe : public Probe {
   std::string name() const override { return "timing"; }
   void run_begin(const RunInfo& info) override;
   void step_begin(const StepInfo& s) override { mark(s, 0); }
-  void forward_end(const StepInfo& s) override { mark(s, 1); }
+  void forward_end(const StepInfo& s) override {
+    mark(s, 1);
+    if (s.measured && s.pipeline.span_s > 0) pipeline_.push_back(s.pipeline);
+  }
   void backward_end(const StepInfo& s) override { mark(s, 2); }
   void optimizer_end(const StepInfo& s) override { mark(s, 3); }
   void step_end(const StepInfo& s) override;
@@ -53,6 +56,8 @@ class TimingProbe : public Probe {
   std::vector<std::array<double, 4>> steps_;
   std::vector<double> step_ends_;  // host seconds at each measured step's end: throughput over the run
   int64_t samples_per_step_ = 0;
+  std::vector<StepInfo::Pipeline> pipeline_;  // per measured step, when a pipeline schedule ran it
+  json pipeline_section() const;
 };
 
 // Throughput per window of `window_s` seconds of the measured steps (step ends binned by host time):

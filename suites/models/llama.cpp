@@ -213,25 +213,26 @@ class Llama : public DecoderModel {
       if (param.dim() >= 2) torch::nn::init::normal_(param, 0.0, 0.02);
   }
 
-  torch::Tensor forward(const torch::Tensor& tokens) override {
-    const int64_t S = tokens.size(1);
-    torch::Tensor h = boundary("embed", tensor_parallel::vocab_embedding(tokens, embed_tokens_->weight, tp_));
-    const auto tables = rope_tables(inv_freq_, S, h.scalar_type(), tokens.device());
+  torch::Tensor forward_layers(const torch::Tensor& in, int64_t first, int64_t last) override {
+    const int64_t S = in.size(1);
+    torch::Tensor h = first == 0 ? boundary("embed", tensor_parallel::vocab_embedding(in, embed_tokens_->weight, tp_)) : in;
+    const auto tables = rope_tables(inv_freq_, S, h.scalar_type(), in.device());
     const torch::Tensor cos = tables.first, sin = tables.second;
     torch::Tensor mask;  // eager only
-    if (p_.attention != "sdpa") mask = causal_additive_mask(S, h.scalar_type(), tokens.device(), lowest_of(h.scalar_type()));
-    for (size_t i = 0; i < blocks_.size(); ++i) {
-      auto& b = blocks_[i];
-      h = run_block(static_cast<int64_t>(i), *b,
-                    [&b, cos, sin, mask](const torch::Tensor& in) { return b->forward(in, cos, sin, mask); }, h);
+    if (p_.attention != "sdpa") mask = causal_additive_mask(S, h.scalar_type(), in.device(), lowest_of(h.scalar_type()));
+    for (int64_t i = first; i < last; ++i) {
+      auto& b = blocks_[static_cast<size_t>(i)];
+      h = run_block(i, *b, [&b, cos, sin, mask](const torch::Tensor& x) { return b->forward(x, cos, sin, mask); }, h);
       h = boundary("block" + std::to_string(i), h);
     }
+    if (last < p_.layers) return h;
     const torch::Tensor head = p_.tied ? embed_tokens_->weight : lm_head_->weight;
     const auto plain = [](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor&) { return torch::linear(x, w); };
     return boundary("head", tensor_parallel::column_parallel(norm_->forward(h, tp_), {head}, {}, tp_,
                                                              p_.tied ? std::function(plain) : std::function(project))[0]);
   }
 
+  std::string tied_head() const override { return p_.tied ? "embed_tokens.weight" : ""; }
   // Column-parallel: q, k and v (by heads), gate, up, and the head and the embedding (by vocabulary);
   // row-parallel: o and down. Norms stay whole.
   void set_tensor_parallel(const TensorParallel& tp) override {

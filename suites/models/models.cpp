@@ -107,8 +107,36 @@ torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& ta
   return torch::nn::functional::cross_entropy(logits.to(dtype), target);
 }
 
-torch::Tensor ReferenceModel::loss(const Batch& b) {
-  const torch::Tensor logits = forward(b.input);
+torch::Tensor ReferenceModel::loss(const Batch& b) { return loss_of(forward(b.input), b); }
+
+torch::Tensor ReferenceModel::forward_layers(const torch::Tensor&, int64_t, int64_t) {
+  throw UsageError("pp splits a decoder's layers into stages; this model has none");
+}
+
+bool ReferenceModel::used_by_layers(const std::string&, int64_t, int64_t) const {
+  throw UsageError("pp splits a decoder's layers into stages; this model has none");
+}
+
+void ReferenceModel::drop_parameters(const std::function<bool(const std::string&)>& keep) {
+  torch::NoGradGuard no_grad;
+  for (auto& item : named_parameters())
+    if (!keep(item.key())) {
+      dropped_numel_ += item.value().numel();
+      item.value().set_data(torch::empty({0}, item.value().options()));
+    }
+}
+
+bool DecoderModel::used_by_layers(const std::string& name, int64_t first, int64_t last) const {
+  if (name.rfind("block", 0) == 0) {
+    const int64_t layer = std::stoll(name.substr(5));
+    return first <= layer && layer < last;
+  }
+  const bool embedding = name.rfind("tok_emb.", 0) == 0 || name.rfind("pos_emb.", 0) == 0 || name.rfind("embed_tokens.", 0) == 0;
+  if (embedding && first == 0) return true;
+  return last == p_.layers && (!embedding || name == tied_head());  // the final norm, the head
+}
+
+torch::Tensor ReferenceModel::loss_of(const torch::Tensor& logits, const Batch& b) {
   if (tp_.active())  // this rank's vocabulary columns: the loss is computed on the shards
     return tensor_parallel::vocab_cross_entropy(logits.reshape({-1, logits.size(-1)}), b.target.reshape({-1}), tp_);
   return cross_entropy(logits.reshape({-1, logits.size(-1)}), b.target.reshape({-1}), cross_entropy_);
@@ -125,7 +153,7 @@ std::optional<tensor_parallel::Split> ReferenceModel::tensor_parallel_split(cons
 }
 
 int64_t ReferenceModel::whole_parameter_count() const {
-  int64_t n = 0;
+  int64_t n = dropped_numel_;
   for (const auto& item : named_parameters())
     n += item.value().numel() * (tp_splits_.count(item.key()) ? tp_.degree : 1);
   return n;
@@ -405,13 +433,14 @@ class Gpt : public DecoderModel {
       if (param.dim() >= 2) torch::nn::init::normal_(param, 0.0, 0.02);
     }
   }
-  torch::Tensor forward(const torch::Tensor& tokens) override {
-    torch::Tensor h = boundary("embed", embed(tokens));
-    for (size_t i = 0; i < blocks_.size(); ++i) {
-      auto& b = blocks_[i];
-      h = run_block(static_cast<int64_t>(i), *b, [&b](const torch::Tensor& in) { return b->forward(in); }, h);
+  torch::Tensor forward_layers(const torch::Tensor& in, int64_t first, int64_t last) override {
+    torch::Tensor h = first == 0 ? boundary("embed", embed(in)) : in;
+    for (int64_t i = first; i < last; ++i) {
+      auto& b = blocks_[static_cast<size_t>(i)];
+      h = run_block(i, *b, [&b](const torch::Tensor& x) { return b->forward(x); }, h);
       h = boundary("block" + std::to_string(i), h);
     }
+    if (last < p_.layers) return h;
     // The LM head is tied to the token embedding (GPT-2), so gpt-125m has GPT-2 small's 124M; under tp
     // it is this rank's vocabulary rows (column-parallel), with the loss on the shards.
     if (!tp_.active()) return boundary("head", torch::linear(ln_f_->forward(h), tok_->weight));
@@ -419,6 +448,7 @@ class Gpt : public DecoderModel {
     const auto plain = [](const torch::Tensor& in, const torch::Tensor& w, const torch::Tensor&) { return torch::linear(in, w); };
     return boundary("head", tensor_parallel::column_parallel(normed, {tok_->weight}, {}, tp_, plain)[0]);
   }
+  std::string tied_head() const override { return "tok_emb.weight"; }
   // Vocabulary-parallel token embedding, column-parallel blocks, the tied head on the vocabulary shard.
   void set_tensor_parallel(const TensorParallel& tp) override {
     std::map<std::string, tensor_parallel::Split> splits{{"tok_emb.weight", 0}};

@@ -96,6 +96,21 @@ class ReferenceModel : public torch::nn::Module {
   using BlockWrapper = std::function<torch::Tensor(int64_t index, const BlockFn& body, const torch::Tensor& x)>;
   virtual void set_block_wrapper(BlockWrapper w) { block_wrapper_ = std::move(w); }
 
+  // Pipeline stages (suites/parallel/pipeline.hpp): a decoder's layers [first, last), from the tokens
+  // (first == 0: the embedding runs first) or the previous stage's hidden states, to the logits (last =
+  // the layer count: the final norm and the head run too) or the hidden states. UsageError without layers.
+  virtual torch::Tensor forward_layers(const torch::Tensor& in, int64_t first, int64_t last);
+  // The loss of logits against a batch's targets (loss() is forward() and then this).
+  torch::Tensor loss_of(const torch::Tensor& logits, const Batch& b);
+  // Whether parameter `name` takes part in layers [first, last): a block's own, the embedding's with the
+  // first layer, the final norm's and the head's after the last (a tied head at both ends).
+  virtual bool used_by_layers(const std::string& name, int64_t first, int64_t last) const;
+  // The embedding weight a tied head shares ("" when untied): a pipeline's first and last stages both hold it.
+  virtual std::string tied_head() const { return ""; }
+  // Empties the parameters `keep` rejects (a pipeline rank holds only its stages'); whole_parameter_count()
+  // still counts them.
+  void drop_parameters(const std::function<bool(const std::string&)>& keep);
+
   // Tensor parallelism (suites/parallel/tensor_parallel.hpp): keeps this rank's shards of the parameters
   // and runs the layers split; loss() then takes the vocabulary-sharded logits. UsageError for a model
   // without layers to split.
@@ -110,6 +125,7 @@ class ReferenceModel : public torch::nn::Module {
   // Replaces each named parameter's data with this rank's block of it.
   void shard_parameters(const std::map<std::string, tensor_parallel::Split>& splits, const TensorParallel& tp);
   TensorParallel tp_;
+  int64_t dropped_numel_ = 0;  // parameters a pipeline rank emptied (drop_parameters)
   torch::Tensor boundary(const std::string& block, torch::Tensor x) {
     return boundary_ ? boundary_(block, std::move(x)) : x;
   }
@@ -150,6 +166,8 @@ class DecoderModel : public ReferenceModel {
   double causal_flops_per_sample() const override {
     return decoder_flops_per_token(p_, FlopConvention::Causal) * static_cast<double>(p_.seq_len);
   }
+  bool used_by_layers(const std::string& name, int64_t first, int64_t last) const override;
+  torch::Tensor forward(const torch::Tensor& tokens) override { return forward_layers(tokens, 0, p_.layers); }
 
  protected:
   ModelPreset p_;

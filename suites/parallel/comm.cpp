@@ -164,7 +164,7 @@ void Communicator::timed(const std::string& op, int64_t bytes, const std::functi
   const double device = device_clock_ && !waited_.empty() ? device_seconds(waited_) : -1;
   waited_.clear();
   const double seconds = device >= 0 ? device : dt;
-  if (record) report(CollectiveInfo{op, bytes, world_, seconds, seconds, step(), 0.0, ""});
+  if (record) report(CollectiveInfo{op, bytes, world_, seconds, seconds, step(), 0.0, "", ""});
 }
 
 void Communicator::report_after(CollectiveInfo c, std::vector<c10::intrusive_ptr<c10d::Work>> works) {
@@ -270,7 +270,7 @@ void PendingCollective::wait() {
       exposed = std::min(exposed, device);
     }
   }
-  comm_->report(CollectiveInfo{op_, bytes_, comm_->world_size(), seconds, exposed, step_, launched_ + seconds, ""});
+  comm_->report(CollectiveInfo{op_, bytes_, comm_->world_size(), seconds, exposed, step_, launched_ + seconds, "", ""});
 }
 
 void Communicator::reduce_scatter(torch::Tensor& shard, const torch::Tensor& full, bool average) {
@@ -302,6 +302,16 @@ void Communicator::broadcast(std::vector<torch::Tensor> tensors, int root) {
       wait(pg_->broadcast(v, o));
     }
   });
+}
+
+c10::intrusive_ptr<c10d::Work> Communicator::send(const torch::Tensor& t, int dst, int tag) {
+  std::vector<torch::Tensor> v{t};
+  return pg_->send(v, dst, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> Communicator::recv(const torch::Tensor& t, int src, int tag) {
+  std::vector<torch::Tensor> v{t};
+  return pg_->recv(v, src, tag);
 }
 
 void Communicator::barrier() { pg_->barrier()->wait(); }

@@ -106,6 +106,11 @@ class Communicator {
   // shard <- this rank's slice of the sum (or mean) over ranks of full (scratch: Gloo reduces in it).
   void reduce_scatter(torch::Tensor& shard, const torch::Tensor& full, bool average);
   void broadcast(std::vector<torch::Tensor> tensors, int root);
+  // Point-to-point between pipeline stages (group ranks), posted at once and completed by the Work's
+  // wait(), which gives up after the group's timeout (a peer that died or hangs is an error, not a
+  // hang). Gloo matches a receive by source and tag; the tags keep concurrent transfers apart.
+  c10::intrusive_ptr<c10d::Work> send(const torch::Tensor& t, int dst, int tag);
+  c10::intrusive_ptr<c10d::Work> recv(const torch::Tensor& t, int src, int tag);
   void barrier();
 
   // A communicator over some of the world's ranks (`ranks`, world ranks in order; this one among them)

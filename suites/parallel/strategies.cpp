@@ -63,7 +63,7 @@ void report_buckets(Communicator& comm, const std::string& op, std::vector<Bucke
   const double exposed = std::max(0.0, std::min(backward_end, last_end) - last_launch);
   for (size_t i = 0; i < recs.size(); ++i) {
     CollectiveInfo c{op, recs[i].bytes, comm.world_size(), std::max(0.0, recs[i].end - recs[i].start),
-                     i + 1 == recs.size() ? exposed : 0.0, comm.step(), recs[i].end, ""};
+                     i + 1 == recs.size() ? exposed : 0.0, comm.step(), recs[i].end, "", ""};
     comm.report_after(c, std::move(recs[i].works));
   }
 }

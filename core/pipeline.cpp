@@ -1,0 +1,203 @@
+#include "core/pipeline.hpp"
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+#include <tuple>
+
+#include "core/errors.hpp"
+
+namespace trainscope::pipeline {
+namespace {
+
+using Key = std::tuple<int64_t, Op, int64_t>;  // stage, op, micro-batch
+Key key(int64_t stage, Op op, int64_t mb) { return {stage, op, mb}; }
+
+// gpipe: every forward, then every backward, micro-batches in order (torch's ScheduleGPipe).
+std::vector<Action> gpipe(int64_t r, int64_t m) {
+  std::vector<Action> out;
+  for (int64_t i = 0; i < m; ++i) out.push_back({r, Op::Forward, i});
+  for (int64_t i = 0; i < m; ++i) out.push_back({r, Op::Backward, i});
+  return out;
+}
+
+// 1f1b: p - r forwards, then a backward and a forward in turn, then the remaining backwards; rank r
+// holds at most p - r micro-batches (Narayanan et al. 2021, Section 2.2; torch's Schedule1F1B).
+std::vector<Action> one_f_one_b(int64_t r, int64_t p, int64_t m) {
+  std::vector<Action> out;
+  const int64_t warmup = std::min(m, p - r);
+  int64_t f = 0, b = 0;
+  while (f < warmup) out.push_back({r, Op::Forward, f++});
+  while (b < m) {
+    out.push_back({r, Op::Backward, b++});
+    if (f < m) out.push_back({r, Op::Forward, f++});
+  }
+  return out;
+}
+
+// interleaved-1f1b (Megatron's get_pp_rank_microbatches; torch's ScheduleInterleaved1F1B): the k-th
+// forward on a rank runs chunk (k mod pv) / p of micro-batch group k / pv, p micro-batches a chunk at a
+// time; backwards walk the chunks in reverse. Warm-up: 2(p-1-r) + (v-1)p forwards.
+std::vector<Action> interleaved(int64_t r, int64_t p, int64_t m, int64_t v) {
+  const int64_t total = m * v;
+  auto chunk_mb = [&](int64_t k, bool forward) {
+    const int64_t in_group = k % (p * v), chunk = in_group / p;
+    return std::pair<int64_t, int64_t>{forward ? chunk : v - 1 - chunk, (k / (p * v)) * p + in_group % p};
+  };
+  auto act = [&](int64_t k, Op op) {
+    const auto [chunk, mb] = chunk_mb(k, op == Op::Forward);
+    return Action{chunk * p + r, op, mb};
+  };
+  std::vector<Action> out;
+  const int64_t warmup = std::min(total, 2 * (p - 1 - r) + (v - 1) * p);
+  int64_t f = 0, b = 0;
+  while (f < warmup) out.push_back(act(f++, Op::Forward));
+  while (b < total) {
+    if (f < total) out.push_back(act(f++, Op::Forward));
+    out.push_back(act(b++, Op::Backward));
+  }
+  return out;
+}
+
+// Whether `a` can run once `done` holds what has finished: its input from the previous stage (F), its
+// output's gradient from the next (B, I), its own forward (B, I) or input gradient (W).
+bool ready(const Action& a, int64_t stages, const std::map<Key, double>& done, bool split) {
+  const Op backward = split ? Op::BackwardInput : Op::Backward;
+  switch (a.op) {
+    case Op::Forward:
+      return a.stage == 0 || done.count(key(a.stage - 1, Op::Forward, a.microbatch));
+    case Op::Backward:
+    case Op::BackwardInput:
+      return done.count(key(a.stage, Op::Forward, a.microbatch)) &&
+             (a.stage == stages - 1 || done.count(key(a.stage + 1, backward, a.microbatch)));
+    case Op::BackwardWeight:
+      return done.count(key(a.stage, Op::BackwardInput, a.microbatch));
+  }
+  return false;
+}
+
+// When `a`'s inputs are on its rank: the producers' ends, plus p2p when they ran on another rank.
+double arrival(const Action& a, const Schedule& s, const std::map<Key, double>& done, const Costs& c, bool split) {
+  auto from = [&](int64_t stage, Op op) {
+    const double end = done.at(key(stage, op, a.microbatch));
+    return end + (s.rank_of(stage) == s.rank_of(a.stage) ? 0 : c.p2p);
+  };
+  const Op backward = split ? Op::BackwardInput : Op::Backward;
+  double t = 0;
+  if (a.op == Op::Forward && a.stage > 0) t = from(a.stage - 1, Op::Forward);
+  if ((a.op == Op::Backward || a.op == Op::BackwardInput) && a.stage < s.stages() - 1) t = from(a.stage + 1, backward);
+  if (a.op == Op::Backward || a.op == Op::BackwardInput) t = std::max(t, done.at(key(a.stage, Op::Forward, a.microbatch)));
+  if (a.op == Op::BackwardWeight) t = done.at(key(a.stage, Op::BackwardInput, a.microbatch));
+  return t;
+}
+
+double cost(Op op, const Costs& c) {
+  switch (op) {
+    case Op::Forward: return c.forward;
+    case Op::Backward: return c.backward_input + c.backward_weight;
+    case Op::BackwardInput: return c.backward_input;
+    case Op::BackwardWeight: return c.backward_weight;
+  }
+  return 0;
+}
+
+// zb-1p (Qi et al. 2023, ZB-H1): 1F1B with each backward split into I and W, rank r running the W of
+// micro-batch k after the I of micro-batch k + r, the last ones at the end. The later ranks pass input
+// gradients back sooner and the earlier ones fill their waits with weight gradients: on equal F, I and W
+// times the bubble is (p-1)/3m, a third of 1F1B's, and every rank holds at most p micro-batches (1F1B's
+// first stage) until their W.
+std::vector<Action> zero_bubble(int64_t r, int64_t p, int64_t m) {
+  std::vector<Action> out;
+  const int64_t warmup = std::min(m, p - r);
+  int64_t f = 0, w = 0;
+  while (f < warmup) out.push_back({r, Op::Forward, f++});
+  for (int64_t i = 0; i < m; ++i) {
+    out.push_back({r, Op::BackwardInput, i});
+    if (i - w >= r) out.push_back({r, Op::BackwardWeight, w++});
+    if (f < m) out.push_back({r, Op::Forward, f++});
+  }
+  while (w < m) out.push_back({r, Op::BackwardWeight, w++});
+  return out;
+}
+
+}  // namespace
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::Forward: return "F";
+    case Op::Backward: return "B";
+    case Op::BackwardInput: return "I";
+    case Op::BackwardWeight: return "W";
+  }
+  return "?";
+}
+
+const std::vector<std::string>& schedule_names() {
+  static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved-1f1b", "zb-1p"};
+  return names;
+}
+
+int64_t default_stages_per_rank(const std::string& name) { return name == "interleaved-1f1b" ? 2 : 1; }
+
+int64_t default_microbatches(const std::string&, int64_t ranks) { return 2 * ranks; }
+
+Schedule make_schedule(const std::string& name, int64_t p, int64_t m, int64_t v) {
+  const auto n = [](int64_t x) { return std::to_string(x); };
+  if (std::find(schedule_names().begin(), schedule_names().end(), name) == schedule_names().end())
+    throw UsageError("pp_schedule '" + name + "': expected gpipe, 1f1b, interleaved-1f1b or zb-1p");
+  if (p < 1 || m < 1 || v < 1) throw UsageError("a pipeline needs at least one rank, micro-batch and stage per rank");
+  if (name == "interleaved-1f1b") {
+    if (v < 2) throw UsageError("interleaved-1f1b runs several stages per rank: pp_virtual must be at least 2");
+    if (m % p != 0)
+      throw UsageError("interleaved-1f1b takes micro-batches in groups of pp: pp_microbatches " + n(m) + " is not a multiple of pp " + n(p));
+  } else if (v != 1) {
+    throw UsageError(name + " runs one stage per rank: pp_virtual " + n(v) + " needs interleaved-1f1b");
+  }
+  Schedule s{name, p, v, m, {}};
+  for (int64_t r = 0; r < p; ++r)
+    s.actions.push_back(name == "gpipe"  ? gpipe(r, m)
+                        : name == "1f1b" ? one_f_one_b(r, p, m)
+                        : name == "zb-1p" ? zero_bubble(r, p, m)
+                                         : interleaved(r, p, m, v));
+  return s;
+}
+
+Replay replay(const Schedule& s, const Costs& c) {
+  const auto P = static_cast<size_t>(s.ranks);
+  const bool split = s.name == "zb-1p";
+  Replay out;
+  out.peak_in_flight.assign(P, 0);
+  out.start.assign(P, {});
+  std::map<Key, double> done;
+  std::vector<size_t> next(P, 0);
+  std::vector<double> free(P, 0), busy(P, 0);
+  std::vector<int64_t> held(P, 0);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (size_t r = 0; r < P; ++r) {
+      while (next[r] < s.actions[r].size() && ready(s.actions[r][next[r]], s.stages(), done, split)) {
+        const Action& a = s.actions[r][next[r]++];
+        const double t = std::max(free[r], arrival(a, s, done, c, split));
+        out.start[r].push_back(t);
+        done[key(a.stage, a.op, a.microbatch)] = free[r] = t + cost(a.op, c);
+        busy[r] += cost(a.op, c);
+        if (a.op == Op::Forward) out.peak_in_flight[r] = std::max(out.peak_in_flight[r], ++held[r]);
+        if (a.op == Op::Backward || a.op == Op::BackwardWeight) --held[r];
+        moved = true;
+      }
+    }
+  }
+  std::string stuck;
+  for (size_t r = 0; r < P; ++r)
+    if (next[r] < s.actions[r].size()) {
+      const Action& a = s.actions[r][next[r]];
+      stuck += (stuck.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " at " + op_name(a.op) +
+               std::to_string(a.microbatch) + " of stage " + std::to_string(a.stage);
+    }
+  if (!stuck.empty()) throw std::runtime_error("pipeline schedule " + s.name + " deadlocks: " + stuck);
+  out.makespan = *std::max_element(free.begin(), free.end());
+  out.busy = *std::max_element(busy.begin(), busy.end());
+  return out;
+}
+
+}  // namespace trainscope::pipeline

@@ -56,10 +56,18 @@ OUT="$tmp/levels" SUITE=hardware FILTER='^collectives$' RATE=1gbit DELAY="${DELA
   --set steps=2 --set warmup_steps=1 > "$tmp/levels.log" 2>&1 || { cat "$tmp/levels.log"; fail "the collectives cell on 2 nodes failed"; }
 phase "collectives levels"
 # The planner on the 2-node cells: this machine's GEMM, memory and copy rates, and the two levels the
-# collectives cell measured on the cluster; each cell predicted for 2 nodes x 2 ranks.
-timeout -k 5 120 "$ts" run --suite hardware --filter 'gemm-peak|memory-bandwidth|copy-bandwidth' --out "$tmp/hardware" \
-  > "$tmp/hardware.log" 2>&1 || { cat "$tmp/hardware.log"; fail "the hardware cells failed"; }
-"$ts" plan --check "$tmp/torchrun" --hardware "$tmp/hardware" --hardware "$tmp/levels" --format json > "$tmp/plan.json" \
+# collectives cell measured on the cluster; each cell predicted for 2 nodes x 2 ranks. The machine's
+# rates come from the hardware suite's report the other tests share (tests/cli_support.hpp:
+# shared_hardware_report, the same command and folder): made here when this binary has none yet.
+hardware="$(dirname "$ts")/tests/scratch/cli/hardware"
+if ! { [ "$hardware/report.json" -nt "$ts" ] && [ -f "$hardware/exit-status" ]; }; then
+  rm -rf "$hardware" && mkdir -p "$(dirname "$hardware")"
+  timeout -k 5 180 "$ts" run --suite hardware --nproc 2 --out "$hardware" --set time_budget_s=6 --set sustain_window_s=1 \
+    > "$tmp/hardware.log" 2>&1
+  echo $? > "$hardware/exit-status"
+fi
+[ "$(cat "$hardware/exit-status")" = 0 ] || { cat "$tmp/hardware.log" 2> /dev/null; fail "the hardware suite failed"; }
+"$ts" plan --check "$tmp/torchrun" --hardware "$hardware" --hardware "$tmp/levels" --format json > "$tmp/plan.json" \
   2> "$tmp/plan.log" || { cat "$tmp/plan.log"; fail "plan --check on the 2-node cells failed"; }
 phase "plan --check of the 2-node cells"
 

@@ -482,6 +482,8 @@ RunConfig RunConfig::from_json(const json& j) {
     const pipeline::Schedule s = resolve_pipeline(c, layout, model);
     if (c.method != "supervised" && s.microbatches > 1)
       throw UsageError("pp_microbatches > 1 cuts the batch; " + c.method + "'s loss is over the whole batch");
+    if (s.microbatches > 1 && layout.world() > layout.pp)
+      throw UsageError("pp_microbatches > 1 with other dimensions (layout " + layout.name() + ") is not implemented in this build yet");
     if (s.name == "zb-1p" && layout.pp > 1) throw UsageError("zb-1p is planned (trainscope plan), not trained, in this build");
   }
   if (c.reduce_dtype != "fp32" && precision_traits(c.precision).master.empty())

@@ -55,6 +55,9 @@ StepSetup step_setup(const RunConfig& c, bool cuda) {
   s.replay.tp = s.layout.tp;
   s.replay.sequence_parallel = c.sequence_parallel;
   if (c.sp_regather) throw UsageError("sp_regather: the planner replays the gathered input kept for backward (DTensor's), not Megatron's re-gathering");
+  if (s.layout.pp > 1 || c.pp_microbatches > 1)
+    throw UsageError("pp and pp_microbatches are not planned in this build yet (a stage's memory with its schedule's in-flight "
+                     "micro-batches, and the step with its bubble: core/pipeline.hpp's replay)");
   if (s.layout.shard_by_host) {  // hsdp by node, planned on one node: zero3 over its ranks (a check reads the run's)
     s.layout.shard_by_host = false;
   }

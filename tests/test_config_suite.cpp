@@ -374,6 +374,8 @@ TEST(Layout, TheConfigurationChecksIt) {
   EXPECT_EQ(RunConfig::from_json({{"model", "llama-tiny"}, {"pp", 2}, {"batch_size", 4}}).world_size, 2);
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp_virtual", 2}}), "pp_schedule and pp_virtual need pp > 1");
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp_microbatches", 4}, {"method", "simclr"}}), "cuts the batch");
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp_microbatches", 2}, {"parallel", "ddp"}, {"world_size", 2}}),
+                    "pp_microbatches > 1 with other dimensions (layout dp_replicate2)");
   EXPECT_EQ(RunConfig::from_json({{"model", "llama-tiny"}, {"tp", 2}, {"sequence_parallel", true}}).world_size, 2);
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"sequence_parallel", true}}), "needs tp > 1");
   EXPECT_EQ(RunConfig::from_json({{"model", "llama-tiny"}, {"tp", 2}, {"grad_clip", 1.0}}).grad_clip, 1.0);

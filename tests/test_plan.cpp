@@ -307,7 +307,8 @@ TEST(Plan, BadInputIsOneLineAndExitTwo) {
   for (const std::string args : {"plan --device H900", "plan --set foo=1", "plan --set cross_entropy=compiled", "plan --global-batch lots",
                                  "plan --memory-headroom 95%", "plan --set batch_size=3",
                                  "plan --model gpt-tiny --hardware /nonexistent/hw", "plan --model mlp",
-                                 "plan --model llama3-8b --set parallel=ddp --gpus-per-node 1"}) {
+                                 "plan --model llama3-8b --set parallel=ddp --gpus-per-node 1",
+                                 "plan --model llama3-405b --set pp=8 --gpus-per-node 8"}) {  // pp: not a planning axis yet
     const Result r = ts(args);
     EXPECT_EQ(r.code, 2) << args << ": " << r.out;
     EXPECT_EQ(lines(r.out), 1) << args << ": " << r.out;

@@ -94,7 +94,7 @@ const std::vector<KeySpec>& config_keys() {
       {"pp", KeyKind::Int, {}, 1, "layout: ranks the layers are split over as pipeline stages", 1},
       {"pp_schedule", KeyKind::Choice, {"gpipe", "1f1b", "interleaved-1f1b", "zb-1p"}, "1f1b",
        "pipeline schedule (core/pipeline.hpp): gpipe, 1f1b, interleaved-1f1b (pp_virtual stages per rank), zb-1p (1f1b with "
-       "the backward split into input and weight gradients; planned, not trained, in this build)"},
+       "the backward split into input and weight gradients; replayed, not trained, in this build)"},
       {"pp_microbatches", KeyKind::Int, {}, 0,
        "micro-batches each data-parallel rank's batch is cut into, their gradients accumulated (also without pp); 0: 2 x pp "
        "with pp, else 1", 0},
@@ -484,7 +484,7 @@ RunConfig RunConfig::from_json(const json& j) {
       throw UsageError("pp_microbatches > 1 cuts the batch; " + c.method + "'s loss is over the whole batch");
     if (s.microbatches > 1 && layout.world() > layout.pp)
       throw UsageError("pp_microbatches > 1 with other dimensions (layout " + layout.name() + ") is not implemented in this build yet");
-    if (s.name == "zb-1p" && layout.pp > 1) throw UsageError("zb-1p is planned (trainscope plan), not trained, in this build");
+    if (s.name == "zb-1p" && layout.pp > 1) throw UsageError("zb-1p is in the schedules' replay, not trained, in this build (its split backward is not built yet)");
   }
   if (c.reduce_dtype != "fp32" && precision_traits(c.precision).master.empty())
     throw UsageError("reduce_dtype = " + c.reduce_dtype + " applies to precisions with fp32 masters (bf16-master), not " + c.precision);

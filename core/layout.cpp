@@ -172,8 +172,8 @@ pipeline::Schedule resolve_pipeline(const RunConfig& c, const ParallelLayout& l,
   pipeline::Schedule s = pipeline::make_schedule(c.pp_schedule, l.pp, mb, v);
   if (c.batch_size % mb != 0)
     throw UsageError("pp_microbatches " + n(mb) + " does not divide batch_size " + n(c.batch_size) + " (the batch of each data-parallel rank)");
-  if (l.pp > 1 && m.layers % s.stages() != 0)
-    throw UsageError(n(s.stages()) + " pipeline stages (pp " + n(l.pp) + " x pp_virtual " + n(v) + ") do not divide the " + n(m.layers) +
+  if (l.pp > 1 && m.layers < s.stages())
+    throw UsageError(n(s.stages()) + " pipeline stages (pp " + n(l.pp) + " x pp_virtual " + n(v) + ") are more than the " + n(m.layers) +
                      " layers");
   return s;
 }

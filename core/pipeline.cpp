@@ -162,6 +162,19 @@ Schedule make_schedule(const std::string& name, int64_t p, int64_t m, int64_t v)
   return s;
 }
 
+std::vector<std::pair<int64_t, int64_t>> stage_layers(int64_t layers, int64_t stages) {
+  if (stages < 1 || layers < stages)
+    throw UsageError(std::to_string(stages) + " pipeline stages are more than the " + std::to_string(layers) + " layers");
+  const int64_t base = (layers + stages - 1) / stages;
+  std::vector<int64_t> count(static_cast<size_t>(stages), base);
+  for (int64_t k = 0, short_by = base * stages - layers; k < short_by; ++k)
+    --count[static_cast<size_t>(k % 2 == 0 ? stages - 1 - k / 2 : k / 2)];
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t first = 0;
+  for (int64_t c : count) out.emplace_back(first, first + c), first += c;
+  return out;
+}
+
 Replay replay(const Schedule& s, const Costs& c) {
   const auto P = static_cast<size_t>(s.ranks);
   const bool split = s.name == "zb-1p";
@@ -197,6 +210,79 @@ Replay replay(const Schedule& s, const Costs& c) {
   if (!stuck.empty()) throw std::runtime_error("pipeline schedule " + s.name + " deadlocks: " + stuck);
   out.makespan = *std::max_element(free.begin(), free.end());
   out.busy = *std::max_element(busy.begin(), busy.end());
+  return out;
+}
+
+namespace {
+
+// The rank an action receives from and the producer it receives (none: -1), and the rank it sends to.
+struct Transfer {
+  int64_t from = -1, to = -1;
+  Key producer;
+};
+Transfer transfer_of(const Action& a, const Schedule& s, bool split) {
+  Transfer t;
+  const int64_t me = s.rank_of(a.stage), last = s.stages() - 1;
+  const Op backward = split ? Op::BackwardInput : Op::Backward;
+  if (a.op == Op::Forward) {
+    if (a.stage > 0 && s.rank_of(a.stage - 1) != me) t.from = s.rank_of(a.stage - 1), t.producer = key(a.stage - 1, Op::Forward, a.microbatch);
+    if (a.stage < last && s.rank_of(a.stage + 1) != me) t.to = s.rank_of(a.stage + 1);
+  } else if (a.op == backward) {
+    if (a.stage < last && s.rank_of(a.stage + 1) != me) t.from = s.rank_of(a.stage + 1), t.producer = key(a.stage + 1, backward, a.microbatch);
+    if (a.stage > 0 && s.rank_of(a.stage - 1) != me) t.to = s.rank_of(a.stage - 1);
+  }
+  return t;
+}
+
+}  // namespace
+
+std::vector<std::vector<int64_t>> send_release(const Schedule& s) {
+  const auto P = static_cast<size_t>(s.ranks);
+  const bool split = s.name == "zb-1p";
+  // Vector clocks in the order the replay runs the actions: clock[r][k][q] = how many of rank q's
+  // actions happened before rank r's action k ended.
+  std::vector<std::vector<std::vector<int64_t>>> clock(P);
+  std::map<Key, std::pair<size_t, size_t>> at;  // a finished action's rank and index
+  std::map<Key, double> done;
+  std::vector<size_t> next(P, 0);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (size_t r = 0; r < P; ++r)
+      while (next[r] < s.actions[r].size() && ready(s.actions[r][next[r]], s.stages(), done, split)) {
+        const Action& a = s.actions[r][next[r]];
+        std::vector<int64_t> c = next[r] ? clock[r].back() : std::vector<int64_t>(P, 0);
+        if (const Transfer t = transfer_of(a, s, split); t.from >= 0) {
+          const auto [q, i] = at.at(t.producer);
+          for (size_t x = 0; x < P; ++x) c[x] = std::max(c[x], clock[q][i][x]);
+        }
+        c[r] = static_cast<int64_t>(++next[r]);
+        clock[r].push_back(c);
+        const Key k = key(a.stage, a.op, a.microbatch);
+        at[k] = {r, next[r] - 1};
+        done[k] = 0;
+        moved = true;
+      }
+  }
+  replay(s, {});  // a deadlocking table: its one-line error
+  std::vector<std::vector<int64_t>> out(P);
+  const Op backward = split ? Op::BackwardInput : Op::Backward;
+  for (size_t r = 0; r < P; ++r) {
+    const auto n = static_cast<int64_t>(s.actions[r].size());
+    for (int64_t i = 0; i < n; ++i) {
+      const Action& a = s.actions[r][static_cast<size_t>(i)];
+      const Transfer t = transfer_of(a, s, split);
+      if (t.to < 0) {
+        out[r].push_back(-1);
+        continue;
+      }
+      // The receiving action: the next stage's forward, or the previous stage's backward.
+      const Key receiver = a.op == Op::Forward ? key(a.stage + 1, Op::Forward, a.microbatch) : key(a.stage - 1, backward, a.microbatch);
+      const int64_t received = static_cast<int64_t>(at.at(receiver).second) + 1;
+      int64_t k = i + 1;
+      while (k < n && clock[r][static_cast<size_t>(k)][static_cast<size_t>(t.to)] < received) ++k;
+      out[r].push_back(k);
+    }
+  }
   return out;
 }
 

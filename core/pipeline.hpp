@@ -10,6 +10,7 @@
 // previous stage waits for; then the weights' gradients, which nothing waits for).
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace trainscope::pipeline {
@@ -43,6 +44,13 @@ int64_t default_microbatches(const std::string& name, int64_t ranks);
 // for a single-stage schedule, interleaved with m not a multiple of p (Megatron's rule) or v < 2.
 Schedule make_schedule(const std::string& name, int64_t ranks, int64_t microbatches, int64_t stages_per_rank);
 
+// The layers of each stage, [first, last): equal cuts when the stages divide the layers; otherwise each
+// holds ceil(L / stages) and the shortfall is taken a layer at a time from the last stage, the first,
+// the second last, the second, ...: the stages that also run the head and the embedding (the Llama 3
+// paper's 405B, Section 3.3.2: 126 layers on 16 stages, 7 on the first and the last, 8 on the others).
+// UsageError when there are more stages than layers.
+std::vector<std::pair<int64_t, int64_t>> stage_layers(int64_t layers, int64_t stages);
+
 // The time of one action of one stage on one micro-batch; B = I + W. p2p is the time a boundary
 // tensor takes between two ranks (0 between stages on one rank).
 struct Costs {
@@ -62,5 +70,13 @@ struct Replay {
 // Runs the table on the costs, each action as soon as its rank is free and its input has arrived.
 // std::runtime_error naming the ranks and their waiting actions when the table deadlocks.
 Replay replay(const Schedule& s, const Costs& c);
+
+// When each send is known to have been received, so that its buffer can go: per rank, per action, the
+// index of the first later action of that rank after which the receiver has taken it (its receive
+// happened before that action ended, through the transfers between them); actions.size() when nothing
+// later tells (the end of the step); -1 for an action that sends nothing. A forward's output is
+// released after the same micro-batch's backward on that rank (whose gradient came back through it);
+// an input gradient after the next transfer from the previous stage that was sent after it arrived.
+std::vector<std::vector<int64_t>> send_release(const Schedule& s);
 
 }  // namespace trainscope::pipeline

@@ -103,6 +103,18 @@ json check_report(const json& report, const json& hardware) {
       row["model_state_error"] = e;
       state_err.push_back(e);
     }
+    // A pipeline's metrics are rank 0's (the first stage); the last stage's model state, which holds the
+    // final norm and the head instead of the embedding, is checked from its rank's row.
+    if (const int64_t pp = setup.schedule.ranks; pp > 1 && setup.world() == pp && cell.contains("ranks") && cell["ranks"].size() == static_cast<size_t>(pp)) {
+      const json& last = cell["ranks"][static_cast<size_t>(pp - 1)];
+      if (last.value("model_state_bytes", json()).is_number()) {
+        StepSetup s = setup;
+        s.set_pp_rank(pp - 1);
+        const double e = rel_error(static_cast<double>(predict_memory(s).state.total()), last["model_state_bytes"].get<double>());
+        row["last_stage_model_state_error"] = e;
+        state_err.push_back(e);
+      }
+    }
     if (device) {
       // The cluster the cell ran on: its ranks grouped by host (one node for local ranks).
       Cluster cluster{c.world_size, 1};

@@ -46,7 +46,20 @@ std::string replay_unsupported(const ModelShape& m) {
 std::string replay_unsupported(const Replay& r) {
   if (std::string why = replay_unsupported(r.model); !why.empty()) return why;
   if (r.tp > 1 && !r.model.language_model()) return "tensor parallelism splits decoders; " + r.model.name + " is a " + r.model.family;
+  if (!r.held.empty() && !r.model.language_model()) return "pipeline parallelism splits decoders; " + r.model.name + " is a " + r.model.family;
   return "";
+}
+
+bool Replay::holds(int64_t layer) const {
+  if (held.empty()) return true;
+  return std::any_of(held.begin(), held.end(), [layer](const auto& h) { return h.first <= layer && layer < h.second; });
+}
+
+int64_t Replay::held_layers() const {
+  if (held.empty()) return model.layers;
+  int64_t n = 0;
+  for (const auto& [first, last] : held) n += last - first;
+  return n;
 }
 
 namespace {
@@ -391,6 +404,20 @@ T run_block(Tape& t, const Replay& r, size_t index, const Tape::BlockFn& fn, con
   return body(t, x);
 }
 
+// Under pp a rank keeps its stages' blocks, the embedding with the first layer, the final norm and
+// the head with the last, a tied head on both (DecoderModel::used_by_layers); the others are emptied,
+// their places kept.
+void drop_other_stages(const Replay& r, ParamLayout& l) {
+  const bool first = r.holds(0), last = r.holds(r.model.layers - 1);
+  for (size_t i = 0; i < l.blocks.size(); ++i)
+    if (!r.holds(static_cast<int64_t>(i))) std::fill(l.blocks[i].begin(), l.blocks[i].end(), 0);
+  std::vector<bool> keep;
+  if (r.model.family == "gpt") keep = {first || last, first, last, last};  // wte (the tied head), wpe, ln_f
+  else keep = {first || (last && r.model.tied), last, last};                 // embed_tokens, norm, lm_head
+  for (size_t i = 0; i < l.root.size(); ++i)
+    if (!keep[i]) l.root[i] = 0;
+}
+
 }  // namespace
 
 ParamLayout param_layout(const Replay& r) {
@@ -441,6 +468,7 @@ ParamLayout param_layout(const Replay& r) {
   } else {
     throw UsageError(replay_unsupported(m));
   }
+  if (!r.held.empty()) drop_other_stages(r, l);
   return l;
 }
 
@@ -460,10 +488,11 @@ T forward_loss(Tape& t, const Replay& r, const std::vector<T>& params, const T& 
   const bool selective = r.checkpoint == "selective";
   const int64_t B = r.batch;
 
+  const int64_t first = r.first_layer, last = r.last_layer < 0 ? m.layers : r.last_layer;
   if (m.family == "gpt") {
     const int64_t S = m.seq_len, D = m.width, N = B * S;
-    T h;
-    {
+    T h = input;
+    if (first == 0) {
       // Under tp (Gpt::embed): the vocabulary-parallel lookup (as Llama's below), then the positions of
       // this rank's tokens.
       const int64_t s = r.tp > 1 && r.sequence_parallel ? S / r.tp : S;
@@ -472,34 +501,36 @@ T forward_loss(Tape& t, const Replay& r, const std::vector<T>& params, const T& 
       const T pe = t.op({root[1]}, s * D, r.num.param, {}, false, 0, n.ew(s * D * r.num.param));
       h = n.boundary(n.add(tok, pe));
     }
-    for (size_t i = 0; i < blocks.size(); ++i) {
+    for (auto i = static_cast<size_t>(first); i < static_cast<size_t>(last); ++i) {
       const auto& b = blocks[i];
       const GptBlockParams p{b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11]};
       auto fn = [n, p, selective](Tape&, const T& x) mutable { return gpt_block(n, x, p, selective); };
       h = run_block(t, r, i, fn, h, b);
       h = n.boundary(h);
     }
+    if (last < m.layers) return h;
     T logits = n.boundary(n.linear(n.enter(n.layer_norm(h, *root[2], *root[3], h.numel / D)), *root[0], nullptr, N, D, m.vocab / r.tp));
     h = T();
     return n.loss(logits, N, m.vocab);
   }
   if (m.family == "llama") {
     const int64_t S = m.seq_len, D = m.width, N = B * S;
-    T h;
-    if (r.tp > 1) {
+    T h = input;
+    if (first == 0 && r.tp > 1) {
       h = n.boundary(n.vocab_embedding(*root[0], N));
-    } else {
+    } else if (first == 0) {
       h = n.boundary(t.op({root[0]}, N * D, r.num.param, {}, false, 0, n.ew(N * D * r.num.param)));
     }
     const T cos = t.data(S * m.head_dim(), h.elem), sin = t.data(S * m.head_dim(), h.elem);
     const T mask = m.attention == "sdpa" ? T() : t.data(S * S, h.elem);
-    for (size_t i = 0; i < blocks.size(); ++i) {
+    for (auto i = static_cast<size_t>(first); i < static_cast<size_t>(last); ++i) {
       const auto& b = blocks[i];
       const LlamaBlockParams p{b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8]};
       auto fn = [n, p, selective](Tape&, const T& x) mutable { return llama_block(n, x, p, selective); };
       h = run_block(t, r, i, fn, h, b);
       h = n.boundary(h);
     }
+    if (last < m.layers) return h;
     T logits;
     {
       const T out = n.enter(rms_norm(n, h, *root[1], h.numel / D));

@@ -40,6 +40,14 @@ struct Replay {
   // residuals on S / tp of the tokens.
   int64_t tp = 1;
   bool sequence_parallel = false;
+  // Pipeline parallelism (suites/parallel/pipeline.cpp, decoders): the layers of this rank's stages
+  // ([first, last) each; empty: every layer), whose parameters it keeps (the others' are dropped: empty),
+  // and the layers one forward runs, from the embedding (first 0) or a received hidden state, to a
+  // hidden state sent on or, at the last layer (-1), the loss.
+  std::vector<std::pair<int64_t, int64_t>> held;
+  int64_t first_layer = 0, last_layer = -1;
+  bool holds(int64_t layer) const;
+  int64_t held_layers() const;
   Numerics num;
   bool cuda = false;
   // Bytes a GEMM allocates beyond its product by its inner dimension, per element size (2: bf16/fp16,
@@ -64,8 +72,9 @@ ParamLayout param_layout(const Replay& r);
 std::string replay_unsupported(const ModelShape& m);
 std::string replay_unsupported(const Replay& r);
 
-// Builds the parameters on `tape` (when `params` is empty) and runs forward + loss; returns the loss.
-// `params` are the model's parameters in param_layout order, made by the caller (strategies shard them).
+// Runs forward + loss; returns the loss (or, for a pipeline stage before the last, its hidden states).
+// `params` are the model's parameters in param_layout order, made by the caller (strategies shard them);
+// `input` is the received hidden state when the forward starts after the embedding.
 T forward_loss(Tape& tape, const Replay& r, const std::vector<T>& params, const T& input, const T& target);
 
 }  // namespace trainscope::plan

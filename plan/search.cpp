@@ -42,18 +42,24 @@ int checkpoint_preference(const std::string& p) {
   return 4;
 }
 
-// A layout the search tries: the data-parallel shorthand, the degrees, sequence parallelism with tp.
+// How the reasoning names a layout: "zero3", "zero3 x tp8", "zero3 x tp8 x pp16 (interleaved-1f1b)".
+std::string layout_label(const std::string& parallel, int64_t tp, int64_t pp, const std::string& schedule) {
+  std::string out = parallel;
+  if (tp > 1) out += " x tp" + std::to_string(tp);
+  if (pp > 1) out += " x pp" + std::to_string(pp) + " (" + schedule + ")";
+  return out;
+}
+
+// A layout the search tries: the data-parallel shorthand, the degrees, sequence parallelism with tp,
+// the pipeline schedule with pp.
 struct LayoutChoice {
   std::string parallel;
   ParallelLayout layout;
   bool sequence_parallel = false;
-  // How the reasoning names it: "zero3", or "zero3 x tp8" with tensor parallelism.
-  std::string label() const { return layout.tp > 1 ? parallel + " x tp" + std::to_string(layout.tp) : parallel; }
+  std::string schedule;  // pp > 1: gpipe | 1f1b | interleaved-1f1b | zb-1p
+  std::string label() const { return layout_label(parallel, layout.tp, layout.pp, schedule); }
 };
-std::string label_of(const json& cand) {
-  const int64_t tp = cand["layout"]["tp"];
-  return tp > 1 ? cand["parallel"].get<std::string>() + " x tp" + std::to_string(tp) : cand["parallel"].get<std::string>();
-}
+std::string label_of(const json& cand) { return cand["label"]; }
 
 // The grid: every axis, or the one value `--set` fixed.
 struct Grid {
@@ -88,31 +94,57 @@ std::vector<int64_t> tp_degrees(const PlanRequest& r) {
   return out;
 }
 
-// Per tp degree, the data-parallel strategies over the ranks it leaves: ddp, zero1/2/3, and hsdp (zero3
-// within a node, replicated across nodes) where there is more than one node; one rank's single.
+// Pipeline degrees for the ranks tp leaves: 1, and each power of two up to the node count (a stage per
+// node or group of nodes: PP crosses nodes, its point-to-point transfers being the least traffic) that
+// divides those ranks and leaves each stage a layer (pp_virtual of them, interleaved). `--set pp` fixes one.
+std::vector<int64_t> pp_degrees(const PlanRequest& r, int64_t ranks) {
+  if (auto f = r.fixed.find("pp"); f != r.fixed.end()) return {std::stoll(f->second)};
+  std::vector<int64_t> out = {1};
+  for (int64_t pp = 2; pp <= r.cluster.nodes && ranks % pp == 0 && pp <= r.model.layers; pp *= 2) out.push_back(pp);
+  return out;
+}
+
+// The schedules searched with pp: 1F1B and interleaved 1F1B (two stages per rank) as torchtitan and
+// Megatron run them; GPipe (1F1B's bubble, every micro-batch in flight) and zb-1p (not trained by
+// this build) only when `--set pp_schedule` names them.
+std::vector<std::string> pp_schedules(const PlanRequest& r, int64_t pp) {
+  if (pp == 1) return {""};
+  if (auto f = r.fixed.find("pp_schedule"); f != r.fixed.end()) return {f->second};
+  std::vector<std::string> out = {"1f1b"};
+  if (r.model.layers >= 2 * pp) out.push_back("interleaved-1f1b");
+  return out;
+}
+
+// Per tp and pp degree, the data-parallel strategies over the ranks they leave: ddp, zero1/2/3, and
+// hsdp (zero3 within a node, replicated across nodes) where there is more than one node; one rank's single.
 std::vector<LayoutChoice> layouts(const PlanRequest& r) {
   const int64_t ranks = r.cluster.ranks();
   const bool sp = setting(r, "sequence_parallel", "true") == "true";
   std::vector<LayoutChoice> out;
-  for (int64_t tp : tp_degrees(r)) {
-    if (ranks % tp != 0) throw UsageError("plan: tp=" + std::to_string(tp) + " does not divide " + std::to_string(ranks) + " rank(s)");
-    const int64_t dp = ranks / tp, node = r.cluster.gpus_per_node / std::max<int64_t>(1, tp);
-    std::vector<std::string> names = {"ddp", "zero1", "zero2", "zero3"};
-    if (r.cluster.nodes > 1 && (tp == 1 || node > 1)) names.push_back("hsdp");
-    if (dp == 1) names = {"single"};
-    if (auto f = r.fixed.find("parallel"); f != r.fixed.end()) {
-      if (std::find(names.begin(), names.end(), f->second) == names.end()) continue;
-      names = {f->second};
+  for (int64_t tp : tp_degrees(r))
+    for (int64_t pp : pp_degrees(r, ranks / std::max<int64_t>(1, tp))) {
+      if (ranks % (tp * pp) != 0)
+        throw UsageError("plan: tp=" + std::to_string(tp) + " x pp=" + std::to_string(pp) + " does not divide " + std::to_string(ranks) + " rank(s)");
+      const int64_t dp = ranks / (tp * pp), node = r.cluster.gpus_per_node / std::max<int64_t>(1, tp);
+      std::vector<std::string> names = {"ddp", "zero1", "zero2", "zero3"};
+      // hsdp: a node's ranks shard, the nodes replicate (with pp: when the data-parallel ranks span nodes).
+      if (r.cluster.nodes > 1 && (tp == 1 || node > 1) && dp > node && dp % node == 0) names.push_back("hsdp");
+      if (dp == 1) names = {"single"};
+      if (auto f = r.fixed.find("parallel"); f != r.fixed.end()) {
+        if (std::find(names.begin(), names.end(), f->second) == names.end()) continue;
+        names = {f->second};
+      }
+      for (const auto& p : names)
+        for (const auto& schedule : pp_schedules(r, pp)) {
+          RunConfig c;
+          c.parallel = p;
+          c.world_size = ranks;
+          c.tp = tp;
+          c.pp = pp;
+          c.hsdp_shard_size = p == "hsdp" ? node : 0;
+          out.push_back({p, resolve_layout(c), tp > 1 && sp, schedule});
+        }
     }
-    for (const auto& p : names) {
-      RunConfig c;
-      c.parallel = p;
-      c.world_size = ranks;
-      c.tp = tp;
-      c.hsdp_shard_size = p == "hsdp" ? node : 0;
-      out.push_back({p, resolve_layout(c), tp > 1 && sp});
-    }
-  }
   if (out.empty())
     throw UsageError("plan: parallel=" + r.fixed.at("parallel") + " does not match " + std::to_string(ranks) + " rank(s)" +
                      (r.fixed.count("tp") ? " with tp=" + r.fixed.at("tp") : ""));
@@ -174,19 +206,46 @@ std::string misfit(const Context& x, const StepSetup& s, const MemoryPrediction&
   if (s.replay.num.autocast)
     why += "; the activations include autocast's copies of every weight, " +
            format_gb(2.0 * static_cast<double>(param_layout(s.replay).total())) + " unsharded";
+  if (s.schedule.ranks > 1) why += " (pp rank " + std::to_string(s.pp_rank) + ")";
   return why;
 }
 
 // Memory, and for what fits the time, throughput and MFU, of one configuration into `cand`.
+// With pp, the ranks replayed: the first (the embedding and, under 1F1B, the most micro-batches in
+// flight), the second (whole stages when the first and last are cut short) and the last (the head and
+// the loss). The one with the highest peak decides the memory, the slowest the step.
+struct RankPrediction {
+  MemoryPrediction memory;
+  StepSetup setup;
+};
+std::vector<RankPrediction> replay_ranks(StepSetup s) {
+  std::vector<RankPrediction> out;
+  const int64_t p = s.schedule.ranks;
+  std::vector<int64_t> which = {0};
+  if (p > 2) which.push_back(1);
+  if (p > 1) which.push_back(p - 1);
+  for (int64_t rank : which) {
+    s.set_pp_rank(rank);
+    out.push_back({predict_memory(s), s});
+  }
+  return out;
+}
+
 void evaluate(const Context& x, const LayoutChoice& lc, json& cand) {
   const PlanRequest& r = x.r;
   const DeviceProfile& d = r.device;
-  const int64_t b = cand["micro_batch"], S = r.model.seq_len;
+  const int64_t b = cand["micro_batch"], S = r.model.seq_len, accumulation = cand["accumulation"];
   StepSetup s;
   s.replay.model = r.model;
   s.replay.model.attention = cand["attention"];
   s.replay.model.dropout = 0;
   s.replay.batch = b;
+  if (lc.layout.pp > 1) {  // the data-parallel rank's batch, cut into the schedule's micro-batches
+    const std::string& name = lc.schedule;
+    s.schedule = pipeline::make_schedule(name, lc.layout.pp, accumulation, pipeline::default_stages_per_rank(name));
+    s.replay.batch = b * accumulation;
+    cand["pipeline"] = {{"schedule", name}, {"stages_per_rank", s.schedule.stages_per_rank}, {"microbatches", accumulation}};
+  }
   s.replay.checkpoint = cand["checkpoint"];
   s.replay.cross_entropy = setting(r, "cross_entropy", "eager");
   s.replay.num = numerics_of(cand["precision"], d.gpu, setting(r, "reduce_dtype", "fp32"));
@@ -196,7 +255,10 @@ void evaluate(const Context& x, const LayoutChoice& lc, json& cand) {
   s.layout = lc.layout;
   s.reshard_after_forward = setting(r, "reshard_after_forward", "true");
   s.resident_data_bytes = 0;
-  const MemoryPrediction mp = predict_memory(s);
+  const std::vector<RankPrediction> ranks = replay_ranks(s);
+  const RankPrediction& worst = *std::max_element(ranks.begin(), ranks.end(), [](const auto& a, const auto& b) { return a.memory.peak < b.memory.peak; });
+  const MemoryPrediction& mp = worst.memory;
+  if (lc.layout.pp > 1) cand["pipeline"]["memory_rank"] = worst.setup.pp_rank;
   const double peak = static_cast<double>(mp.peak);
   json mem = mp.to_json();
   for (const char* k : {"phase_peak_bytes", "baseline_bytes", "data_bytes"}) mem.erase(k);
@@ -205,11 +267,19 @@ void evaluate(const Context& x, const LayoutChoice& lc, json& cand) {
   cand["memory"] = mem;
   cand["fits"] = peak <= x.usable;
   if (peak > x.usable) {
-    cand["reason"] = misfit(x, s, mp);
+    cand["reason"] = misfit(x, worst.setup, mp);
     return;
   }
-  // A data-parallel rank's sequences (tp GPUs share them) in micro-batches of b.
-  const TimePrediction tp = predict_time(s, mp, d, r.cluster, x.seqs_per_rank * lc.layout.tp / b);
+  // A data-parallel rank's sequences (tp and pp GPUs share them) in micro-batches of b: accumulated, or
+  // the pipeline's micro-batches.
+  TimePrediction tp;
+  for (const RankPrediction& rp : ranks) {
+    TimePrediction t = predict_time(rp.setup, rp.memory, d, r.cluster, lc.layout.pp > 1 ? 1 : accumulation);
+    if (t.step_s > tp.step_s) {
+      tp = std::move(t);
+      if (lc.layout.pp > 1) cand["pipeline"]["slowest_rank"] = rp.setup.pp_rank;
+    }
+  }
   cand["time"] = tp.to_json();
   const double tokens_per_gpu = static_cast<double>(x.seqs_per_rank * S) / tp.step_s;
   cand["tokens_per_s_per_gpu"] = tokens_per_gpu;
@@ -229,6 +299,17 @@ void evaluate(const Context& x, const LayoutChoice& lc, json& cand) {
   }
 }
 
+// Why the schedule cannot take `m` micro-batches ("" when it can): interleaved-1f1b runs them in groups of pp.
+std::string schedule_unfit(const LayoutChoice& lc, int64_t m) {
+  if (lc.layout.pp == 1) return "";
+  try {
+    pipeline::make_schedule(lc.schedule, lc.layout.pp, m, pipeline::default_stages_per_rank(lc.schedule));
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // Every candidate of the grid, in search order; a micro-batch larger than one that did not fit is
 // not replayed (memory grows with it).
 json search(const Context& x, const Grid& g, int64_t& searched) {
@@ -238,17 +319,21 @@ json search(const Context& x, const Grid& g, int64_t& searched) {
       for (const auto& ckpt : g.checkpoints)
         for (const auto& attn : g.attentions) {
           std::string too_big;
-          const int64_t seqs = x.seqs_per_rank * lc.layout.tp;
+          const int64_t seqs = x.seqs_per_rank * lc.layout.tp * lc.layout.pp;
           for (int64_t b : micro_batches(g, seqs, x.r.fixed.count("batch_size") > 0)) {
             ++searched;
             json cand = {{"precision", prec},          {"parallel", lc.parallel}, {"layout", lc.layout.to_json()},
                          {"sharding", lc.layout.strategy()}, {"checkpoint", ckpt}, {"attention", attn},
                          {"micro_batch", b},            {"accumulation", seqs / b}};
+            cand["label"] = lc.label();
             if (lc.layout.tp > 1) cand["sequence_parallel"] = lc.sequence_parallel;
             if (const std::string& note = precision_traits(prec).caveat; !note.empty()) cand["note"] = note;
             if (!too_big.empty()) {
               cand["fits"] = false;
               cand["reason"] = too_big;
+            } else if (const std::string why = schedule_unfit(lc, seqs / b); !why.empty()) {
+              cand["fits"] = false;
+              cand["reason"] = why;
             } else {
               evaluate(x, lc, cand);
               if (!cand["fits"].get<bool>())
@@ -327,13 +412,14 @@ json recommendation(const Context& x, const json& candidates, const json& reject
   const json& best = *chosen;
   char line[700];
   std::snprintf(line, sizeof line,
-                "%s on %lld x %s (%lld node%s): %s, %s (%s), checkpoint %s, %s attention, micro-batch %lld x %lld accumulation: "
+                "%s on %lld x %s (%lld node%s): %s, %s (%s), checkpoint %s, %s attention, micro-batch %lld x %lld %s: "
                 "about %s tokens/s per GPU, %s of %s per GPU",
                 m.name.c_str(), static_cast<long long>(r.cluster.ranks()), d.name.c_str(), static_cast<long long>(r.cluster.nodes),
-                r.cluster.nodes > 1 ? "s" : "", best["precision"].get<std::string>().c_str(), best["parallel"].get<std::string>().c_str(),
+                r.cluster.nodes > 1 ? "s" : "", best["precision"].get<std::string>().c_str(), label_of(best).c_str(),
                 best["layout"]["name"].get<std::string>().c_str(), best["checkpoint"].get<std::string>().c_str(),
                 best["attention"].get<std::string>().c_str(), static_cast<long long>(best["micro_batch"].get<int64_t>()),
-                static_cast<long long>(best["accumulation"].get<int64_t>()), format_rate(best["tokens_per_s_per_gpu"].get<double>()).c_str(),
+                static_cast<long long>(best["accumulation"].get<int64_t>()),
+                best.contains("pipeline") ? "pipeline micro-batches" : "accumulation", format_rate(best["tokens_per_s_per_gpu"].get<double>()).c_str(),
                 format_gb(best["memory"]["peak_bytes"].get<double>()).c_str(), format_gb(static_cast<double>(d.memory_bytes)).c_str());
   std::string text = line;
   if (best.contains("mfu")) {
@@ -364,6 +450,17 @@ json recommendation(const Context& x, const json& candidates, const json& reject
     why.push_back("tp " + std::to_string(tp) + " splits every layer's weights" + (sp ? " and, with sequence parallelism, its activations" : "") +
                   " " + std::to_string(tp) + " ways; its collectives take " + format_seconds(tp_s) + " of the step, exposed, on " + level +
                   " links");
+  }
+  // Why its pipeline: the stages, the schedule's bubble and the transfers between stages.
+  if (const int64_t pp = best["layout"]["pp"]; pp > 1) {
+    const json& p = best["time"]["pipeline"];
+    why.push_back("pp " + std::to_string(pp) + " cuts the layers into " + std::to_string(pp * p["stages_per_rank"].get<int64_t>()) +
+                  " stages (" + std::to_string(p["stages_per_rank"].get<int64_t>()) + " per rank); " + p["schedule"].get<std::string>() +
+                  " over " + std::to_string(p["microbatches"].get<int64_t>()) + " micro-batches idles " +
+                  percent(best["time"]["bubble_s"].get<double>() / best["time"]["step_s"].get<double>()) + " of the step (" +
+                  format_seconds(best["time"]["bubble_s"]) + "), with " + format_bytes(p["p2p_bytes"].get<double>()) + " (" + format_seconds(p["p2p_s"]) + ")" +
+                  " per transfer between stages on " + p["level"].get<std::string>() + " links; the first rank holds " +
+                  std::to_string(p["in_flight"][0].get<int64_t>()) + " micro-batch stages' activations at once");
   }
   // Each other layout: its best eligible configuration for contrast, or why it does not fit in the
   // recommended precision.
@@ -430,7 +527,9 @@ json make_plan(const PlanRequest& r) {
                            "(plan/models.cpp), the strategy's buffers and the optimizer's state and temporaries (plan/step.cpp)"},
           {"assumptions", {"CUDA context, cuBLAS/NCCL workspaces and the caching allocator's fragmentation are inside the headroom",
                            "eager attention on a GPU is replayed as on the CPU (bf16 softmax); CUDA autocast keeps it fp32",
-                           "gradient accumulation synchronises gradients once per optimizer step (zero3 gathers per micro-batch)"}}};
+                           "gradient accumulation synchronises gradients once per optimizer step (zero3 gathers per micro-batch)",
+                           "zero3 inside a pipeline stage gathers and reduce-scatters per micro-batch, as trainscope runs it (torchtitan "
+                           "keeps the stage unsharded across micro-batches: more memory, less communication)"}}};
 }
 
 json predict_config(const RunConfig& c, const DeviceProfile& device, bool cuda) {

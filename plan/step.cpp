@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <numeric>
 
 #include "core/errors.hpp"
@@ -41,6 +42,14 @@ json MemoryPrediction::to_json() const {
           {"model_state_total_bytes", state.total()}};
 }
 
+void StepSetup::set_pp_rank(int64_t rank) {
+  pp_rank = rank;
+  replay.held.clear();
+  if (schedule.ranks == 1) return;
+  const auto cuts = pipeline::stage_layers(replay.model.layers, schedule.stages());  // Pipeline::layers_of
+  for (int64_t stage = rank; stage < schedule.stages(); stage += schedule.ranks) replay.held.push_back(cuts.at(static_cast<size_t>(stage)));
+}
+
 StepSetup step_setup(const RunConfig& c, bool cuda) {
   StepSetup s;
   s.replay.model = resolve_model(c);
@@ -55,9 +64,8 @@ StepSetup step_setup(const RunConfig& c, bool cuda) {
   s.replay.tp = s.layout.tp;
   s.replay.sequence_parallel = c.sequence_parallel;
   if (c.sp_regather) throw UsageError("sp_regather: the planner replays the gathered input kept for backward (DTensor's), not Megatron's re-gathering");
-  if (s.layout.pp > 1 || c.pp_microbatches > 1)
-    throw UsageError("pp and pp_microbatches are not planned in this build yet (a stage's memory with its schedule's in-flight "
-                     "micro-batches, and the step with its bubble: core/pipeline.hpp's replay)");
+  s.schedule = resolve_pipeline(c, s.layout, s.replay.model);
+  s.set_pp_rank(0);
   if (s.layout.shard_by_host) {  // hsdp by node, planned on one node: zero3 over its ranks (a check reads the run's)
     s.layout.shard_by_host = false;
   }
@@ -89,6 +97,7 @@ class StepReplay {
     units_ = st == "zero3" || st == "hsdp" || (r_.num.master && (st == "single" || st == "ddp"));
     if (units_ && st != "zero3" && st != "hsdp") N_ = 1;  // units without a shard group
     sharded_ = units_ && N_ > 1;
+    kept_ = sharded_ && s.stage_kept_unsharded();
   }
   MemoryPrediction run();
 
@@ -96,8 +105,12 @@ class StepReplay {
   void setup();
   void step(int index);
   void zero_grad();
+  void inputs();
+  void gather_root();
   void forward(bool record);
   void backward(bool record);
+  void pipeline_run(bool record);
+  void reduce_gradients();
   void optimizer();
   void set_model_state();
   // Full sharding's block wrapper: Zero3BlockFunction (suites/parallel/fully_shard.cpp).
@@ -115,6 +128,8 @@ class StepReplay {
   const int64_t W_;
   int64_t N_;
   bool units_ = false, sharded_ = false;
+  bool kept_ = false;  // a pipeline stage's blocks gathered once per step (StepSetup::stage_kept_unsharded)
+  int64_t kept_bytes_ = 0;
   Tape t_;
   MemoryPrediction out_;
   std::vector<T> params_, opt_state_, buffers_;
@@ -149,6 +164,9 @@ void StepReplay::setup() {
       largest_opt_ = std::max(largest_opt_, shard_numel(u));
     }
     for (size_t i = 0; i < layout_.root.size(); ++i) t_.adopt_param_grad(params_[i]);
+    // Kept blocks' gradients accumulate into their unsharded buffers (gather_root allocates them).
+    if (kept_)
+      for (size_t i = layout_.root.size(); i < params_.size(); ++i) t_.adopt_param_grad(params_[i]);
   } else if (st == "single" || st == "ddp") {
     opt_numel_ = total_;
     for (int64_t n : numels_) largest_opt_ = std::max(largest_opt_, n);
@@ -242,7 +260,8 @@ T StepReplay::unit_block(size_t i, const Tape::BlockFn& body, const T& x) {
   return y;
 }
 
-void StepReplay::forward(bool record) {
+// The step's batch (Trainer::rank_batch), held until its optimizer step.
+void StepReplay::inputs() {
   const int64_t W = W_;
   T input, target;
   if (r_.model.language_model()) {
@@ -253,13 +272,34 @@ void StepReplay::forward(bool record) {
     target = t_.data(W * r_.batch, 8);
     if (pe_ != 4) input = t_.data(r_.batch * r_.channels * r_.height * r_.width, pe_);  // .to(param dtype)
   }
+  batch_ = {input, target};
+}
+
+void StepReplay::gather_root() {
+  if (!units_) return;
+  // before_forward: the root unit gathered for the step, its gradient buffer allocated
+  t_.alloc(unit_bytes(0));
+  t_.transient(cast_source(0));
+  t_.alloc(unit_bytes(0));
+  if (!kept_) return;
+  // Inside a pipeline stage every block is gathered for the step, with its unsharded gradient in
+  // reduce_dtype (FSDP2's unsharded_accumulated_grad).
+  const int gelem = r_.num.master ? r_.num.reduce : pe_;
+  kept_bytes_ = 0;
+  for (size_t u = 1; u < unit_numel_.size(); ++u) {
+    if (unit_numel_[u] == 0) continue;
+    t_.transient(cast_source(u));
+    kept_bytes_ += unit_bytes(u) + padded(unit_numel_[u]) * gelem;
+  }
+  t_.alloc(kept_bytes_);
+}
+
+void StepReplay::forward(bool record) {
+  inputs();
+  const auto& [input, target] = batch_;
   t_.reset_phase();
   zero_grad();
-  if (units_) {  // before_forward: the root unit gathered for the step, its gradient buffer allocated
-    t_.alloc(unit_bytes(0));
-    t_.transient(cast_source(0));
-    t_.alloc(unit_bytes(0));
-  }
+  gather_root();
   const int64_t start = t_.live();
   if (units_) t_.block_wrapper = [this](size_t i, const Tape::BlockFn& body, const T& x) { return unit_block(i, body, x); };
   loss_ = forward_loss(t_, r_, params_, input, target);
@@ -274,7 +314,67 @@ void StepReplay::forward(bool record) {
   t_.ops = 0;
   fwd_ = std::max(fwd_, t_.phase_peak());
   out_.activations = std::max(out_.activations, t_.phase_peak() - start);
-  batch_ = {input, target};
+}
+
+// Trainer::run_pipeline (suites/parallel/pipeline.cpp): this rank's actions in order on micro-batches
+// of batch / m; each (stage, micro-batch) keeps its received input and its graph until its backward,
+// each tensor sent is held until the schedule shows it received (core/pipeline.hpp: send_release). The
+// memory probe's forward phase spans the whole run. The time model takes micro-batch 0's operators.
+void StepReplay::pipeline_run(bool record) {
+  const pipeline::Schedule& sched = s_.schedule;
+  const auto rank = static_cast<size_t>(s_.pp_rank);
+  inputs();
+  t_.reset_phase();
+  zero_grad();
+  gather_root();
+  const int64_t start = t_.live();
+  if (units_ && !kept_) t_.block_wrapper = [this](size_t i, const Tape::BlockFn& body, const T& x) { return unit_block(i, body, x); };
+  Replay micro = r_;
+  micro.batch = r_.batch / sched.microbatches;
+  const auto cuts = pipeline::stage_layers(r_.model.layers, sched.stages());
+  // [b, S, D] in the parameters' dtype; with sequence parallelism each tp rank's S / tp of it.
+  const int64_t boundary = micro.batch * r_.model.seq_len * r_.model.width / (r_.tp > 1 && r_.sequence_parallel ? r_.tp : 1);
+  struct Slot {
+    T input, output;
+    Tape::Graph graph;
+  };
+  std::map<std::pair<int64_t, int64_t>, Slot> slots;
+  std::vector<std::pair<int64_t, std::shared_ptr<Storage>>> sent;  // (released after action, buffer)
+  const std::vector<int64_t> release = pipeline::send_release(sched).at(rank);
+  const std::vector<pipeline::Action>& actions = sched.actions.at(rank);
+  for (size_t k = 0; k < actions.size(); ++k) {
+    const pipeline::Action& a = actions[k];
+    Slot& slot = slots[{a.stage, a.microbatch}];
+    const bool timed = record && a.microbatch == 0;
+    if (a.op == pipeline::Op::Forward) {
+      if (a.stage > 0) slot.input = t_.make(boundary, pe_, true);  // received: a leaf that wants its gradient
+      micro.first_layer = cuts.at(static_cast<size_t>(a.stage)).first;
+      micro.last_layer = a.stage + 1 == sched.stages() ? -1 : cuts.at(static_cast<size_t>(a.stage)).second;
+      const size_t mark = t_.mark();
+      slot.output = forward_loss(t_, micro, params_, slot.input ? slot.input : batch_.first, batch_.second);
+      t_.autocast_cache.clear();  // each micro-batch's forward is an autocast region of its own
+      slot.graph = t_.take_graph(mark);
+      if (release[k] >= 0) sent.emplace_back(release[k], slot.output.storage);
+      if (timed) out_.forward_costs.insert(out_.forward_costs.end(), t_.forward_costs.begin(), t_.forward_costs.end()), out_.forward_ops += t_.ops;
+    } else {
+      const bool last = a.stage + 1 == sched.stages();
+      std::shared_ptr<Storage> seed = last ? nullptr : t_.data(slot.output.numel, slot.output.elem).storage;  // received
+      std::shared_ptr<Storage> grad = t_.backward_graph(std::move(slot.graph), slot.output, seed, slot.input);
+      seed.reset();
+      if (release[k] >= 0 && grad) sent.emplace_back(release[k], grad);
+      grad.reset();
+      slots.erase({a.stage, a.microbatch});
+      if (timed) out_.recompute_costs.insert(out_.recompute_costs.end(), t_.recompute_costs.begin(), t_.recompute_costs.end());
+    }
+    t_.forward_costs.clear();
+    t_.recompute_costs.clear();
+    t_.ops = 0;
+    sent.erase(std::remove_if(sent.begin(), sent.end(), [k](const auto& x) { return x.first == static_cast<int64_t>(k); }), sent.end());
+  }
+  sent.clear();
+  t_.block_wrapper = nullptr;
+  fwd_ = std::max(fwd_, t_.phase_peak());
+  out_.activations = std::max(out_.activations, t_.phase_peak() - start);
 }
 
 void StepReplay::backward(bool record) {
@@ -285,6 +385,17 @@ void StepReplay::backward(bool record) {
   loss_ = T();
   scaled = T();
   if (record) out_.recompute_costs = t_.recompute_costs;
+  reduce_gradients();
+}
+
+// Strategy::reduce_gradients after the backward(s).
+void StepReplay::reduce_gradients() {
+  const std::string st = s_.strategy();
+  if (kept_) {  // each block's gradient reduce-scattered into its slice, then the step's gathered buffers go
+    const int gelem = r_.num.master ? r_.num.reduce : pe_;
+    for (size_t u = 1; u < unit_numel_.size(); ++u) t_.transient(shard_numel(u) * gelem);
+    t_.release(kept_bytes_);
+  }
   if (r_.num.master && (st == "zero1" || st == "zero2")) {
     // MasterZero12::reduce_gradients: zero2 converts into a reduce_dtype copy (in place when the
     // gradients already are in it; zero1 into its buffer), frees the bf16 gradients, reduce-scatters
@@ -352,8 +463,14 @@ void StepReplay::set_model_state() {
 }
 
 void StepReplay::step(int index) {
-  forward(index == 1);
-  backward(index == 1);
+  if (s_.pipelined()) {
+    pipeline_run(index == 1);
+    t_.reset_phase();
+    reduce_gradients();
+  } else {
+    forward(index == 1);
+    backward(index == 1);
+  }
   optimizer();
 }
 

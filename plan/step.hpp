@@ -6,6 +6,7 @@
 
 #include "core/config.hpp"
 #include "core/layout.hpp"
+#include "core/pipeline.hpp"
 #include "plan/models.hpp"
 
 namespace trainscope::plan {
@@ -27,6 +28,18 @@ struct StepSetup {
   bool grad_clip = false;
   int64_t resident_data_bytes = 0;  // the data set held in memory (CPU runs: it counts in the peak)
   std::string data = "synthetic-tokens";
+  // The pipeline schedule every pp rank runs (core/layout.hpp: resolve_pipeline; one rank and one
+  // micro-batch: none) and the pp rank replayed (set_pp_rank: the layers it holds).
+  pipeline::Schedule schedule = pipeline::make_schedule("1f1b", 1, 1, 1);
+  int64_t pp_rank = 0;
+  bool pipelined() const { return schedule.ranks > 1 || schedule.microbatches > 1; }
+  // Full sharding inside a pipeline stage, as torchtitan runs it (parallelize.py: reshard_after_forward
+  // off with pp; torch.distributed.pipelining's stage defers resharding after backward and the gradients'
+  // reduce-scatter to the last micro-batch): each block gathered once per step and kept, its unsharded
+  // gradient accumulated in reduce_dtype, reduce-scattered once. trainscope does not train pp with
+  // dp_shard yet: the planner plans it torch's way.
+  bool stage_kept_unsharded() const { return schedule.ranks > 1 && (strategy() == "zero3" || strategy() == "hsdp") && sharding() > 1; }
+  void set_pp_rank(int64_t rank);
 };
 
 struct ModelState {

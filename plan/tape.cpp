@@ -201,6 +201,26 @@ void Tape::backward(const T& loss) {
   grads_.clear();
 }
 
+Tape::Graph Tape::take_graph(size_t mark) {
+  Graph g(std::make_move_iterator(nodes_.begin() + static_cast<std::ptrdiff_t>(mark)), std::make_move_iterator(nodes_.end()));
+  nodes_.erase(nodes_.begin() + static_cast<std::ptrdiff_t>(mark), nodes_.end());
+  return g;
+}
+
+std::shared_ptr<Storage> Tape::backward_graph(Graph graph, const T& out, const std::shared_ptr<Storage>& seed, const T& in) {
+  const size_t mark = nodes_.size();
+  for (Node& n : graph) nodes_.push_back(std::move(n));
+  graph.clear();
+  // The received gradient is held by the caller's variable until backward returns (torch's
+  // autograd::backward with it as the grad_tensors argument).
+  grads_[out.id] = seed ? seed : std::make_shared<Storage>(this, out.bytes());
+  run_nodes(mark);
+  std::shared_ptr<Storage> input_grad;
+  if (auto g = grads_.find(in.id); in.grad() && g != grads_.end()) input_grad = g->second;
+  grads_.clear();
+  return input_grad;
+}
+
 void Tape::run_nodes(size_t from) {
   while (nodes_.size() > from) {
     Node n = std::move(nodes_.back());

@@ -143,6 +143,14 @@ class Tape {
 
   // ---- backward --------------------------------------------------------------------------------
   void backward(const T& loss);
+  // A pipeline's micro-batch graphs (suites/parallel/pipeline.cpp): the nodes recorded since `mark()`
+  // set aside until that micro-batch's backward, which runs them from `out` seeded with `seed` (a
+  // received gradient; none: a new one, the loss's) and returns the gradient of the leaf `in` (what the
+  // stage sends back), or null.
+  using Graph = std::vector<Node>;
+  size_t mark() const { return nodes_.size(); }
+  Graph take_graph(size_t mark);
+  std::shared_ptr<Storage> backward_graph(Graph graph, const T& out, const std::shared_ptr<Storage>& seed, const T& in);
   // Parameter gradients (persistent between backward and the next zero_grad).
   int64_t param_grad_bytes() const;
   void free_param_grads();

@@ -107,9 +107,10 @@ int64_t recomputed_blocks(const std::string& policy, int64_t layers) {
 // overlaps them with the GEMMs, is not modelled).
 void tensor_parallel_collectives(TimePrediction& t, const StepSetup& s, const DeviceProfile& d, const Cluster& c, int64_t accumulation) {
   const Replay& r = s.replay;
-  const int64_t tp = r.tp, L = r.model.layers, again = recomputed_blocks(r.checkpoint, L);
+  const int64_t tp = r.tp, L = r.held_layers(), again = recomputed_blocks(r.checkpoint, L);
   const bool inter = tp > c.gpus_per_node;
-  const double e = r.num.autocast ? r.num.low : r.num.param, tokens = static_cast<double>(r.batch * r.model.seq_len);
+  const int64_t batch = s.pipelined() ? r.batch / s.schedule.microbatches : r.batch;  // one micro-batch's
+  const double e = r.num.autocast ? r.num.low : r.num.param, tokens = static_cast<double>(batch * r.model.seq_len);
   const double bytes = tokens * static_cast<double>(r.model.width) * e, micro = static_cast<double>(accumulation);
   auto add = [&](const std::string& op, double size, double calls) {
     const double sec = d.collective_seconds(op, size, tp, inter) * calls;
@@ -130,6 +131,32 @@ void tensor_parallel_collectives(TimePrediction& t, const StepSetup& s, const De
                     "tensor parallelism's collectives sit between dependent operators (exposed)";
 }
 
+// The pipeline's idle time: the schedule replayed (core/pipeline.hpp) with each stage's forward and
+// backward of one micro-batch taking this rank's share per stage (its compute with its exposed
+// tensor-parallel collectives), and each boundary tensor ([b, S, D] in the parameters' dtype, S / tp
+// with sequence parallelism) a point-to-point transfer (an all-gather of two ranks: latency + bytes /
+// bandwidth), across nodes when a pipeline neighbour is on another node (pp outermost: world / pp ranks
+// apart). What the busiest rank waits beyond its compute is the bubble; interleaving shrinks it.
+void pipeline_bubble(TimePrediction& t, const StepSetup& s, const DeviceProfile& d, const Cluster& c, double tp_exposed) {
+  const pipeline::Schedule& sched = s.schedule;
+  const double m = static_cast<double>(sched.microbatches), v = static_cast<double>(sched.stages_per_rank);
+  const double fwd = t.forward_s / v, bwd = (t.backward_s + t.recompute_s) / v;  // one micro-batch of one stage
+  const double share = fwd + bwd > 0 ? tp_exposed / m / v / (fwd + bwd) : 0;
+  const Replay& r = s.replay;
+  const int64_t shards = r.tp > 1 && r.sequence_parallel ? r.tp : 1;  // sequence parallelism: each tp rank sends its S / tp
+  const double bytes = static_cast<double>(r.batch / sched.microbatches * r.model.seq_len * r.model.width / shards * r.num.param);
+  const bool inter = c.nodes > 1 && c.ranks() / s.layout.pp >= c.gpus_per_node;
+  const double p2p = d.collective_seconds("all-gather", 2 * bytes, 2, inter);
+  // A split backward (zb-1p) takes half in I and half in W: each a GEMM of the forward's size.
+  const double b = bwd * (1 + share);
+  const pipeline::Replay run = pipeline::replay(sched, {fwd * (1 + share), b / 2, b / 2, p2p});
+  t.bubble_s = run.makespan - run.busy;
+  t.pipeline = {{"schedule", sched.name}, {"ranks", sched.ranks}, {"stages_per_rank", sched.stages_per_rank},
+                {"microbatches", sched.microbatches}, {"bubble_s", t.bubble_s}, {"bubble_fraction", run.bubble()},
+                {"p2p_bytes", bytes}, {"p2p_s", p2p}, {"level", inter ? "inter-node" : "intra-node"},
+                {"in_flight", run.peak_in_flight}};
+}
+
 }  // namespace
 
 json TimePrediction::to_json() const {
@@ -137,12 +164,13 @@ json TimePrediction::to_json() const {
           {"optimizer_s", optimizer_s}, {"compute_s", compute_s}, {"host_s", host_s}, {"device_s", device_s}, {"comm_s", comm_s},
           {"exposed_comm_s", exposed_comm_s}, {"step_s", step_s}, {"bound", bound},
           {"collectives", collectives}, {"overlap_rule", overlap_rule}, {"breakdown", breakdown},
-          {"in_step", in_step.empty() ? json() : json(in_step)}};
+          {"in_step", in_step.empty() ? json() : json(in_step)}, {"bubble_s", bubble_s}, {"pipeline", pipeline}};
 }
 
 TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const DeviceProfile& d, const Cluster& c,
                             int64_t accumulation, double cpu_share) {
   TimePrediction t;
+  if (s.pipelined()) accumulation *= s.schedule.microbatches;  // the replay recorded one micro-batch of this rank's stages
   const std::string dtype = d.has(s.replay.num.gemm_dtype) ? s.replay.num.gemm_dtype : "fp32";
   const double slow = 1.0 / std::max(1e-9, cpu_share);
   Pass f = cost_of(m.forward_costs, d, dtype);
@@ -184,6 +212,7 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
   const bool sgd = s.optimizer == "sgd";
   double optimizer_host = 0;
   for (int64_t n : opt_tensors) {
+    if (n == 0) continue;  // another pipeline stage's (emptied, no gradient: the optimizer skips it)
     optimizer_host += (sgd ? 3 : 9) * d.op_overhead_s;
     t.optimizer_s += (sgd ? 3 : 9) * d.op_overhead_s + d.memory_seconds(static_cast<double>((sgd ? 8 : 23) * n * oe));
   }
@@ -265,7 +294,10 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
         ar_total += d.collective_seconds("all-reduce", slice, R, inter) * calls;
         ar_bytes += slice * calls;
       };
-      const size_t blocks = layout.blocks.size();
+      std::vector<size_t> held;  // this rank's blocks (under pp the other stages' are empty)
+      for (size_t i = 0; i < layout.blocks.size(); ++i)
+        if (std::accumulate(layout.blocks[i].begin(), layout.blocks[i].end(), int64_t{0}) > 0) held.push_back(i);
+      const size_t blocks = held.size();
       const double per_block_fwd = blocks ? (t.forward_s / static_cast<double>(blocks)) : 0;
       const double per_block_bwd = blocks ? ((t.backward_s + t.recompute_s) / static_cast<double>(blocks)) : 0;
       double ag_total = 0, ag_exposed = 0, rs_total = 0;
@@ -275,23 +307,29 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
       // reshard_after_forward: false keeps the gathered block until its backward (no second gather); r
       // gathers it again over r ranks from the slices kept.
       const std::string& how = s.reshard_after_forward;
-      const int64_t r = how == "true" || how == "false" ? (how == "true" ? N : 1) : std::stoll(how);
+      int64_t r = how == "true" || how == "false" ? (how == "true" ? N : 1) : std::stoll(how);
+      // Inside a pipeline stage each block is gathered once and reduce-scattered once per step
+      // (StepSetup::stage_kept_unsharded).
+      const bool kept = s.stage_kept_unsharded();
+      const double per_step = kept ? 1.0 : static_cast<double>(accumulation);
+      if (kept) r = 1;
       replicas(static_cast<int64_t>(root), 1);
       ag_total += root_ag;
       ag_exposed += root_ag;
       for (size_t i = 0; i < blocks; ++i) {
-        const double bytes = static_cast<double>(padded(std::accumulate(layout.blocks[i].begin(), layout.blocks[i].end(), int64_t{0}), N) * pe);
+        const auto& block = layout.blocks[held[i]];
+        const double bytes = static_cast<double>(padded(std::accumulate(block.begin(), block.end(), int64_t{0}), N) * pe);
         const double ag = d.collective_seconds("all-gather", bytes, N, shard_inter);
-        const double ag_back = r >= N ? ag : d.collective_seconds("all-gather", bytes, r, false);
+        const double ag_back = r >= N ? ag : r == 1 ? 0 : d.collective_seconds("all-gather", bytes, r, false);
         const double rs = d.collective_seconds("reduce-scatter", bytes / pe * gelem, N, shard_inter);
-        replicas(static_cast<int64_t>(bytes), static_cast<double>(accumulation));
-        ag_total += (ag + ag_back) * accumulation;
-        rs_total += rs * accumulation;
+        replicas(static_cast<int64_t>(bytes), per_step);
+        ag_total += (ag + ag_back) * per_step;
+        rs_total += rs * per_step;
         const bool first_f = i == 0, first_b = i + 1 == blocks;
         const double ef = s.prefetch && !first_f ? std::max(0.0, ag - per_block_fwd) : ag;
         // A kept block or slice is not prefetched in backward (suites/parallel/fully_shard.cpp).
         const double eb = s.prefetch && !first_b && r >= N ? std::max(0.0, ag_back - per_block_bwd) : ag_back;
-        ag_exposed += (ef + eb) * accumulation;
+        ag_exposed += (ef + eb) * per_step;
       }
       t.comm_s += ag_total + rs_total + root_rs + ar_total;
       t.exposed_comm_s += ag_exposed + rs_total + root_rs + ar_total;
@@ -310,8 +348,10 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
       if (R > 1) t.overlap_rule += "; the gradient slices' all-reduce across the shard groups is synchronous (exposed)";
     }
   }
+  const double before_tp = t.exposed_comm_s;
   if (s.replay.tp > 1) tensor_parallel_collectives(t, s, d, c, accumulation);
-  t.step_s = t.compute_s + t.exposed_comm_s;
+  if (s.schedule.ranks > 1) pipeline_bubble(t, s, d, c, t.exposed_comm_s - before_tp);
+  t.step_s = t.compute_s + t.exposed_comm_s + t.bubble_s;
   // hsdp crosses nodes only with its gradient slices: it is bound by the level holding most of its
   // exposed communication.
   const bool inter_bound = inter && (st != "hsdp" || t.inter_comm_s > t.exposed_comm_s - t.inter_comm_s);

@@ -25,6 +25,8 @@ struct TimePrediction {
   double comm_s = 0;           // every collective of the step, end to end
   double exposed_comm_s = 0;   // what the step waits for (the overlap rule's remainder)
   double inter_comm_s = 0;     // hsdp: the part of it across nodes (the gradient slices' all-reduce)
+  double bubble_s = 0;         // pipeline parallelism: the busiest rank's idle time in its schedule
+  json pipeline;               // the schedule, its bubble and point-to-point transfers (null: none)
   double step_s = 0;
   std::string bound;           // compute | host dispatch (a GPU waiting on the host) | intra-node | inter-node communication
   json collectives = json::array();  // per op: bytes per call, calls, seconds, exposed seconds

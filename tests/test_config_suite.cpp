@@ -1,5 +1,7 @@
 // Suite files, configuration values and axis expansion.
+#include <algorithm>
 #include <fstream>
+#include <map>
 #include <set>
 #include <tuple>
 
@@ -453,6 +455,76 @@ TEST(PipelineSchedule, ReplayGivesTheBubbleAndInFlightFormulas) {
   // micro-batch i's forward at s(F + c) + iF): its makespan grows by 2(p-1) transfers.
   const Replay slow = replay(make_schedule("gpipe", 4, 8, 1), Costs{1, 1, 1, 0.5});
   EXPECT_DOUBLE_EQ(slow.makespan, replay(make_schedule("gpipe", 4, 8, 1), unit).makespan + 2 * 3 * 0.5);
+}
+
+// A send's buffer goes once the table shows its receiver has it. 1F1B on 2 ranks, 4 micro-batches:
+// rank 0's forwards (F0 F1 B0 F2 B1 F3 B2 B3) go after their micro-batch's backward (GPipe's after the
+// first backward, which proves them all received); rank 1's input
+// gradients (F0 B0 F1 B1 F2 B2 F3 B3) after the next forward it receives, which rank 0 sent after taking
+// them; the last two at the step's end. For every schedule and any costs, the receiver has started
+// (received) before the releasing action ends.
+TEST(PipelineSchedule, SendsAreReleasedOnceReceived) {
+  using namespace trainscope::pipeline;
+  const Schedule s = make_schedule("1f1b", 2, 4, 1);
+  EXPECT_EQ(send_release(s)[0], (std::vector<int64_t>{2, 4, -1, 6, -1, 7, -1, -1}));
+  EXPECT_EQ(send_release(s)[1], (std::vector<int64_t>{-1, 4, -1, 6, -1, 8, -1, 8}));
+  for (const std::string& name : schedule_names()) {
+    const int64_t p = 4, v = default_stages_per_rank(name), m = default_microbatches(name, p);
+    const Schedule t = make_schedule(name, p, m, v);
+    const std::vector<std::vector<int64_t>> release = send_release(t);
+    for (const Costs& c : {Costs{1, 1, 1, 0}, Costs{1, 3, 2, 0.7}, Costs{2, 0.5, 0.5, 5}}) {
+      const Replay run = replay(t, c);
+      std::map<std::tuple<int64_t, Op, int64_t>, double> start;
+      for (int64_t r = 0; r < p; ++r)
+        for (size_t k = 0; k < t.actions[r].size(); ++k) start[{t.actions[r][k].stage, t.actions[r][k].op, t.actions[r][k].microbatch}] = run.start[r][k];
+      const Op backward = name == "zb-1p" ? Op::BackwardInput : Op::Backward;
+      for (int64_t r = 0; r < p; ++r)
+        for (size_t i = 0; i < t.actions[r].size(); ++i) {
+          const int64_t k = release[r][i];
+          const Action& a = t.actions[r][i];
+          if (k < 0 || k == static_cast<int64_t>(t.actions[r].size())) continue;
+          const Action& at = t.actions[r][static_cast<size_t>(k)];
+          const double took = at.op == Op::Forward         ? c.forward
+                              : at.op == Op::BackwardInput ? c.backward_input
+                              : at.op == Op::Backward      ? c.backward_input + c.backward_weight
+                                                           : c.backward_weight;
+          const double end = run.start[r][static_cast<size_t>(k)] + took;
+          const double received = a.op == Op::Forward ? start[{a.stage + 1, Op::Forward, a.microbatch}] : start[{a.stage - 1, backward, a.microbatch}];
+          EXPECT_LE(received, end) << name << " rank " << r << " action " << i;
+          if (a.op == Op::Forward) {  // at the latest at its own backward, which the returned gradient proves received
+            const auto own = std::find_if(t.actions[r].begin(), t.actions[r].end(), [&](const Action& x) {
+              return x.stage == a.stage && x.op == backward && x.microbatch == a.microbatch;
+            });
+            EXPECT_LE(k, own - t.actions[r].begin()) << name;
+          }
+        }
+    }
+  }
+}
+
+// Stages cut the layers evenly when they can; otherwise the first and last stages (which also run the
+// embedding and the head) hold one layer fewer, the last first: Llama 3 405B's 126 layers on 16 stages
+// are 7, 8 x 14, 7 (the Llama 3 paper, Section 3.3.2).
+TEST(PipelineSchedule, StagesCutTheLayers) {
+  using trainscope::pipeline::stage_layers;
+  const auto sizes = [](int64_t layers, int64_t stages) {
+    std::vector<int64_t> out;
+    int64_t next = 0;
+    for (const auto& [first, last] : stage_layers(layers, stages)) {
+      EXPECT_EQ(first, next) << "contiguous";
+      out.push_back(last - first);
+      next = last;
+    }
+    EXPECT_EQ(next, layers);
+    return out;
+  };
+  EXPECT_EQ(sizes(8, 4), (std::vector<int64_t>{2, 2, 2, 2}));
+  EXPECT_EQ(sizes(10, 4), (std::vector<int64_t>{2, 3, 3, 2}));
+  EXPECT_EQ(sizes(7, 4), (std::vector<int64_t>{2, 2, 2, 1}));
+  std::vector<int64_t> llama405(16, 8);
+  llama405.front() = llama405.back() = 7;
+  EXPECT_EQ(sizes(126, 16), llama405);
+  EXPECT_THAT_ERROR(stage_layers(2, 4), "4 pipeline stages are more than the 2 layers");
 }
 
 // Every table runs each (stage, F/B or F/I/W, micro-batch) exactly once, on the rank that holds the

@@ -350,7 +350,7 @@ TEST(Parallel, BadLayoutsAreOneLineErrors) {
            {"--set layout=dp_shard2 --set dp_shard=4", "has dp_shard 2, but dp_shard = 4"},
            {"--set pp=2 --set dp_shard=2", "pp with other dimensions (layout pp2-dp_shard2) is not implemented"},
            {"--set pp=2 --set pp_microbatches=3", "pp_microbatches 3 does not divide batch_size"},
-           {"--set pp=2 --set pp_schedule=interleaved-1f1b", "4 pipeline stages (pp 2 x pp_virtual 2) do not divide the 2 layers"},
+           {"--set pp=2 --set pp_schedule=interleaved-1f1b", "4 pipeline stages (pp 2 x pp_virtual 2) are more than the 2 layers"},
            {"--set pp=2 --set pp_schedule=zb-1p", "zb-1p is in the schedules' replay, not trained, in this build"},
            {"--set cp=2", "cp (layout cp2) is not implemented"}}) {
     const Result r = ts("run --suite quick --filter gpt-tiny/32-true --nproc 4 --out " + tmp("bad-layout") + " " + sets);

@@ -60,13 +60,16 @@ TEST(Plan, CheckPredictsEveryCellsMemoryOfAFreshRun) {
   for (const auto& c : j["cells"]) {
     ASSERT_FALSE(c.contains("skipped")) << c.dump();
     EXPECT_EQ(c["model_state_error"].get<double>(), 0.0) << c["cell"];
+    if (c["cell"].get<std::string>().find("/pp2") != std::string::npos) {  // the last stage's, from its rank's row
+      EXPECT_EQ(c["last_stage_model_state_error"], 0.0) << c["cell"];
+    }
     // Every cell of this suite has unsampled steps: the measured peak is the training step's own.
     ASSERT_TRUE(c["measured"]["peak_bytes"].is_number()) << c["cell"];
     peak.push_back(std::fabs(c["peak_error"].get<double>()));
     measured_peak[c["cell"]] = c["measured"]["peak_bytes"].get<double>();
     ++compared;
   }
-  EXPECT_EQ(compared, 62);
+  EXPECT_EQ(compared, 67);
   // The step's peak is at the loss in both vocab-8192 cells (N = 4096 tokens, V = 8192): eager holds the
   // bf16 logits, their fp32 copy and the fp32 log-probabilities (N V 10 bytes); fused the logits and one
   // chunk's fp32 copy and exponentials (two chunks: N V 6 bytes). Measured, they differ by N V 4.
@@ -174,6 +177,9 @@ TEST(Plan, RecordedH200CellsAgainstTheirHardwareReport) {
     for (const auto& c : j["cells"]) {
       if (c.contains("skipped")) continue;
       EXPECT_EQ(c["model_state_error"].get<double>(), 0.0) << c["cell"];
+    if (c["cell"].get<std::string>().find("/pp2") != std::string::npos) {  // the last stage's, from its rank's row
+      EXPECT_EQ(c["last_stage_model_state_error"], 0.0) << c["cell"];
+    }
       peak.push_back(std::fabs(c["peak_error"].get<double>()));
       const std::string bound = c["predicted"]["time"]["bound"];
       if (bound == "host dispatch") {
@@ -308,7 +314,8 @@ TEST(Plan, BadInputIsOneLineAndExitTwo) {
                                  "plan --memory-headroom 95%", "plan --set batch_size=3",
                                  "plan --model gpt-tiny --hardware /nonexistent/hw", "plan --model mlp",
                                  "plan --model llama3-8b --set parallel=ddp --gpus-per-node 1",
-                                 "plan --model llama3-405b --set pp=8 --gpus-per-node 8"}) {  // pp: not a planning axis yet
+                                 "plan --model llama3-405b --set pp=0 --gpus-per-node 8",
+                                 "plan --model llama3-405b --set pp_schedule=dualpipe --gpus-per-node 8"}) {
     const Result r = ts(args);
     EXPECT_EQ(r.code, 2) << args << ": " << r.out;
     EXPECT_EQ(lines(r.out), 1) << args << ": " << r.out;
@@ -348,7 +355,7 @@ TEST(Plan, ReplayModelStateMatchesTheZeroFormulas) {
 // 4L + 2 times each per micro-batch, 2L more where full checkpointing recomputes the blocks.
 TEST(Plan, TensorParallelSplitsTheLayersInsideANode) {
   const std::string base = "plan --model llama3-70b --gpus-per-node 8 --nodes 4 --device H100-SXM --set precision=bf16-master "
-                           "--set parallel=zero3 --set checkpoint=full --set attention=sdpa --set batch_size=1 --format json";
+                           "--set parallel=zero3 --set pp=1 --set checkpoint=full --set attention=sdpa --set batch_size=1 --format json";
   const Result r = ts(base);
   ASSERT_EQ(r.code, 0) << r.out;
   const int64_t L = 80, D = 8192, q = 64 * 128, kv = 8 * 128, F = 28672, V = 128256;
@@ -404,7 +411,7 @@ TEST(Plan, TensorParallelSplitsTheLayersInsideANode) {
 // its gathers and reduce-scatters on the node's links (8 ranks, not 32 across the NICs), and only the
 // gradient slices across nodes: an all-reduce of Ψ/8 values per rank, on the inter-node level.
 TEST(Plan, HsdpAcrossNodesShardsWithinANode) {
-  const Result r = ts("plan --model llama3-8b --gpus-per-node 8 --nodes 4 --device H200 --set precision=bf16-mixed --set tp=1 "
+  const Result r = ts("plan --model llama3-8b --gpus-per-node 8 --nodes 4 --device H200 --set precision=bf16-mixed --set tp=1 --set pp=1 "
                       "--set checkpoint=full --set attention=sdpa --set batch_size=1 --format json");
   ASSERT_EQ(r.code, 0) << r.out;
   const json p = json::parse(r.out);
@@ -442,6 +449,72 @@ TEST(Plan, HsdpAcrossNodesShardsWithinANode) {
   const json single_node = json::parse(one.out);  // named: a range over a temporary's member would dangle
   ASSERT_FALSE(single_node["candidates"].empty());
   for (const auto& c : single_node["candidates"]) EXPECT_NE(c["parallel"], "hsdp");
+}
+
+// Pipeline layouts in the search: llama3-405b on 16 nodes of 8 H100s with tp 8 and pp 16 (dp 1), one
+// sequence per micro-batch: the 1M-token batch is 128 sequences, all of them the pipeline's micro-batches.
+TEST(Plan, PipelineStagesTheLayersAcrossNodes) {
+  const std::string base = "plan --model llama3-405b --gpus-per-node 8 --nodes 16 --device H100-SXM --set precision=bf16-master "
+                           "--set tp=8 --set pp=16 --set checkpoint=full --set attention=sdpa --set batch_size=1 --format json";
+  const Result r = ts(base);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json plan = json::parse(r.out);  // named: a range over a temporary's member would dangle
+  std::map<std::string, json> by_schedule;
+  for (const auto& c : plan["candidates"]) by_schedule[c["pipeline"]["schedule"]] = c;
+  ASSERT_EQ(by_schedule.size(), 2u) << r.out.substr(0, 2000);  // 1f1b and interleaved-1f1b (126 layers >= 2 x 16)
+  const json& one = by_schedule["1f1b"];
+  const json& inter = by_schedule["interleaved-1f1b"];
+  EXPECT_EQ(one["label"], "single x tp8 x pp16 (1f1b)");
+  EXPECT_EQ(one["pipeline"]["microbatches"], 128);
+  EXPECT_EQ(inter["pipeline"]["stages_per_rank"], 2);
+  // 1F1B's bubble is (p-1)/m of the busy time on equal stages without transfers (Narayanan et al.
+  // 2021). A transfer c after each action delays every action at least as much as lengthening the
+  // sender's action by c would, so the makespan is at most 1F1B's on stages of F + B + 2c,
+  // (m + p - 1)(F + B + 2c): the bubble at most (p-1)/m + 2c(m + p - 1) / (m (F + B)) of the busy time
+  // (the tp collectives added to F + B only lower the second term).
+  const json& t = one["time"];
+  const double p = 16, m = 128, c = t["pipeline"]["p2p_s"];
+  const double stage = t["forward_s"].get<double>() + t["backward_s"].get<double>() + t["recompute_s"].get<double>();
+  const double fraction = t["pipeline"]["bubble_fraction"];
+  EXPECT_GE(fraction, (p - 1) / m - 1e-12);
+  EXPECT_LE(fraction, (p - 1) / m + 2 * c * (m + p - 1) / (m * stage) + 1e-12);
+  EXPECT_EQ(t["pipeline"]["level"], "inter-node");  // a stage per node: its neighbours on other nodes
+  EXPECT_EQ(t["pipeline"]["p2p_bytes"].get<double>(), 8192.0 * 16384 / 8 * 2);  // [1, S / tp, D] in bf16 (sequence parallelism)
+  // Interleaving divides the bubble by its stages per rank and holds more micro-batch stages on rank 0.
+  EXPECT_LT(inter["time"]["bubble_s"].get<double>(), 0.75 * t["bubble_s"].get<double>());
+  EXPECT_GT(inter["time"]["pipeline"]["in_flight"][0].get<int64_t>(), t["pipeline"]["in_flight"][0].get<int64_t>());
+  // GPipe holds all 128 micro-batches on every rank: more than 1F1B's 16 on rank 0.
+  const Result g = ts(base + " --set pp_schedule=gpipe");
+  ASSERT_EQ(g.code, 0) << g.out;
+  const json gpipe = json::parse(g.out)["candidates"][0];
+  EXPECT_GT(gpipe["memory"]["activation_bytes"].get<double>(), 4 * one["memory"]["activation_bytes"].get<double>());
+}
+
+// Each pp rank keeps its stages' parameters: over the 16 ranks of a tp rank they add up to the model's
+// (the embedding on the first, the norm and the untied head on the last), and the replay's model state is
+// 16 B for each of them (fp32 masters, gradients, AdamW's moments).
+TEST(Plan, PipelineRanksHoldTheirStagesParameters) {
+  RunConfig c;
+  c.model = "llama3-405b";
+  c.precision = "bf16-master";
+  c.world_size = 16;
+  c.pp = 16;
+  c.batch_size = 32;
+  c.data = "synthetic-tokens";
+  plan::StepSetup s = plan::step_setup(c, true);
+  int64_t held = 0;
+  for (int64_t rank = 0; rank < 16; ++rank) {
+    s.set_pp_rank(rank);
+    held += plan::param_layout(s.replay).total();
+  }
+  EXPECT_EQ(held, analytic_decoder_parameters(resolve_model(c)));
+  s.set_pp_rank(1);  // 8 of the 126 layers, nothing else
+  s.replay.model.seq_len = 64;  // a short sequence: the state does not depend on it
+  const plan::MemoryPrediction m = plan::predict_memory(s);
+  EXPECT_EQ(m.state.total(), 16 * plan::param_layout(s.replay).total());
+  const ModelShape shape = resolve_model(c);
+  const int64_t D = shape.width, layer = 2 * D + D * shape.heads * shape.head_dim() * 2 + 2 * D * shape.kv_heads * shape.head_dim() + 3 * D * shape.ffn;
+  EXPECT_EQ(plan::param_layout(s.replay).total(), 8 * layer);
 }
 
 }  // namespace

@@ -30,8 +30,7 @@ std::vector<Row> top_rows(const json& plan, size_t n) {
     if (!c["fits"].get<bool>() || rows.size() >= n) break;
     Row r;
     r.cells[0] = c["precision"];
-    const int64_t tp = c.value("layout", json::object()).value("tp", int64_t{1});
-    r.cells[1] = c["parallel"].get<std::string>() + (tp > 1 ? " x tp" + std::to_string(tp) : "");
+    r.cells[1] = c["label"];
     r.cells[2] = c["checkpoint"];
     r.cells[3] = c["attention"];
     r.cells[4] = std::to_string(c["micro_batch"].get<int64_t>()) + " x " + std::to_string(c["accumulation"].get<int64_t>());
@@ -136,7 +135,7 @@ std::string render_plan_html(const json& plan, const std::string& chartjs_path) 
   for (const auto& c : plan["candidates"]) {
     if (!c.contains("memory") || shown >= 16) continue;
     const json& m = c["memory"];
-    labels.push_back(c["precision"].get<std::string>() + " " + c["parallel"].get<std::string>() + " " + c["checkpoint"].get<std::string>() +
+    labels.push_back(c["precision"].get<std::string>() + " " + c["label"].get<std::string>() + " " + c["checkpoint"].get<std::string>() +
                      " mb" + std::to_string(c["micro_batch"].get<int64_t>()) + (c["fits"].get<bool>() ? "" : " (no fit)"));
     params.push_back(m["model_state_bytes"]["params"].get<double>() / 1e9);
     grads.push_back(m["model_state_bytes"]["grads"].get<double>() / 1e9);

@@ -34,12 +34,25 @@ std::vector<Batch> split_microbatches(const Batch& b, int64_t m) {
 
 Pipeline::Pipeline(pipeline::Schedule schedule, Communicator* group, int64_t layers)
     : schedule_(std::move(schedule)), group_(group), layers_(layers), rank_(group ? group->rank() : 0) {
-  pipeline::replay(schedule_, {});  // a table that would deadlock fails here, before any rank waits
+  release_ = pipeline::send_release(schedule_);  // a table that would deadlock fails here, before any rank waits
+}
+
+void Pipeline::complete_sends(int64_t after) {
+  std::vector<Send> pending;
+  for (Send& s : sends_) {
+    if (after >= 0 && s.release != after) {
+      pending.push_back(std::move(s));
+      continue;
+    }
+    const double t0 = now_s();
+    s.work->wait();
+    group_->report(CollectiveInfo{"send", bytes_of(s.tensor), 2, now_s() - t0, 0.0, group_->step(), 0.0, "", ""});
+  }
+  sends_ = std::move(pending);
 }
 
 std::pair<int64_t, int64_t> Pipeline::layers_of(int64_t stage) const {
-  const int64_t per = layers_ / schedule_.stages();
-  return {stage * per, (stage + 1) * per};
+  return pipeline::stage_layers(layers_, schedule_.stages()).at(static_cast<size_t>(stage));
 }
 
 std::vector<int64_t> Pipeline::my_stages() const {
@@ -73,7 +86,10 @@ torch::Tensor Pipeline::run(const Batch& batch, const Steps& steps) {
   int64_t held = 0;
   const int64_t last = sched.stages() - 1;
   const double start = now_s();
-  for (const pipeline::Action& a : sched.actions.at(static_cast<size_t>(rank_))) {
+  const std::vector<pipeline::Action>& actions = sched.actions.at(static_cast<size_t>(rank_));
+  const std::vector<int64_t>& release = release_.at(static_cast<size_t>(rank_));
+  for (size_t k = 0; k < actions.size(); ++k) {
+    const pipeline::Action& a = actions[k];
     const double t0 = now_s();
     double waited = 0;
     const Batch& mb = mbs.at(static_cast<size_t>(a.microbatch));
@@ -96,7 +112,7 @@ torch::Tensor Pipeline::run(const Batch& batch, const Steps& steps) {
         if (slot.output.sizes() != like.sizes() || slot.output.scalar_type() != like.scalar_type())
           throw std::logic_error("pipeline: stage " + std::to_string(a.stage) + "'s output is not the boundary's shape and dtype");
         torch::Tensor out = slot.output.detach().contiguous();
-        sends_.emplace_back(out, group_->send(out, dst, tag(a.stage + 1, a.microbatch, false)));
+        sends_.push_back({out, group_->send(out, dst, tag(a.stage + 1, a.microbatch, false)), release[k]});
         stats_.p2p_bytes += bytes_of(out);
       }
       stats_.peak_in_flight = std::max(stats_.peak_in_flight, ++held);
@@ -113,7 +129,7 @@ torch::Tensor Pipeline::run(const Batch& batch, const Steps& steps) {
       if (a.stage > 0) {
         if (const int dst = static_cast<int>(sched.rank_of(a.stage - 1)); dst != rank_) {
           torch::Tensor g = slot.input.grad().contiguous();
-          sends_.emplace_back(g, group_->send(g, dst, tag(a.stage - 1, a.microbatch, true)));
+          sends_.push_back({g, group_->send(g, dst, tag(a.stage - 1, a.microbatch, true)), release[k]});
           stats_.p2p_bytes += bytes_of(g);
         }
       }
@@ -121,17 +137,15 @@ torch::Tensor Pipeline::run(const Batch& batch, const Steps& steps) {
       else slot.output = torch::Tensor();  // the previous stage on this rank still reads this input's gradient
       --held;
     }
+    const double t1 = now_s();
+    complete_sends(static_cast<int64_t>(k));  // received already: at most the last bytes in transit
+    waited += now_s() - t1;
     stats_.wait_s += waited;
     stats_.compute_s += now_s() - t0 - waited;
   }
-  // The posted sends complete once their receivers have them: at the latest when the neighbours end
-  // their step (their timeout bounds a neighbour that died).
-  for (auto& [tensor, work] : sends_) {
-    const double t0 = now_s();
-    work->wait();
-    group_->report(CollectiveInfo{"send", bytes_of(tensor), 2, now_s() - t0, 0.0, group_->step(), 0.0, "", ""});
-  }
-  sends_.clear();
+  // The rest complete once their receivers have them: at the latest when the neighbours end their step
+  // (their timeout bounds a neighbour that died).
+  complete_sends(-1);
   stats_.span_s = now_s() - start;
   if (!loss_sum.defined()) return loss_sum;
   return loss_sum / static_cast<double>(sched.microbatches);

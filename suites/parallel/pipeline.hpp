@@ -4,8 +4,9 @@
 // hidden states and their gradients passed by point-to-point transfers over the pp group. Without pp
 // (one rank, one stage) the same loop is gradient accumulation over the micro-batches.
 //
-// A forward's receive waits for the previous stage; sends are posted and completed at the end of the
-// step, so that no two ranks ever block sending to each other (the table's order alone cannot
+// A forward's receive waits for the previous stage; sends are posted, and each is waited for (and its
+// buffer let go) only once the schedule shows that its receiver has it (core/pipeline.hpp's
+// send_release), so that no two ranks ever block sending to each other (the table's order alone cannot
 // deadlock: core/pipeline.hpp's replay checks it). Gradients accumulate in each parameter's .grad in
 // the order the schedule runs the backwards, micro-batch by micro-batch, as one process accumulating
 // the same micro-batches in that order does.
@@ -68,7 +69,14 @@ class Pipeline {
   int64_t layers_;
   int rank_ = 0;
   PipelineStats stats_;
-  std::vector<std::pair<torch::Tensor, c10::intrusive_ptr<c10d::Work>>> sends_;  // kept alive until done
+  std::vector<std::vector<int64_t>> release_;  // per rank and action: after which action its send is received
+  struct Send {
+    torch::Tensor tensor;
+    c10::intrusive_ptr<c10d::Work> work;
+    int64_t release = 0;
+  };
+  std::vector<Send> sends_;  // kept alive until received
+  void complete_sends(int64_t after);  // those released after action `after` (all: -1)
 };
 
 // The micro-batches of a batch: m equal slices along the first dimension.

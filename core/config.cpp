@@ -99,6 +99,9 @@ const std::vector<KeySpec>& config_keys() {
        "micro-batches each data-parallel rank's batch is cut into, their gradients accumulated (also without pp); 0: 2 x pp "
        "with pp, else 1", 0},
       {"pp_virtual", KeyKind::Int, {}, 0, "pipeline stages per rank; 0: 2 for interleaved-1f1b, else 1", 0},
+      {"pp_split", KeyKind::String, {}, "",
+       "layers of each pipeline stage in stage order, comma-separated (7,8,8,7): one count per stage (pp x pp_virtual), adding "
+       "up to the layers; empty: equal cuts, the first and last stages a layer short where the stages do not divide the layers"},
       {"cp", KeyKind::Int, {}, 1, "layout: context-parallel ranks the sequence is split over", 1},
       {"layout", KeyKind::String, {}, "",
        "the layout's degrees at once: dimensions joined by '-' (dp_shard4-tp2, dp_replicate2-dp_shard2; -zero1 or -zero2 "
@@ -379,6 +382,7 @@ static void for_each_field(Config& c, Visit&& v) {
   v("pp_schedule", c.pp_schedule);
   v("pp_microbatches", c.pp_microbatches);
   v("pp_virtual", c.pp_virtual);
+  v("pp_split", c.pp_split);
   v("cp", c.cp);
   v("layout", c.layout);
   v("backend", c.backend);
@@ -478,12 +482,13 @@ RunConfig RunConfig::from_json(const json& j) {
     throw UsageError("sequence_parallel = true splits what tp splits; it needs tp > 1");
   }
   const ParallelLayout layout = resolve_layout(c);
-  if (layout.pp > 1 || c.pp_microbatches > 1 || c.pp_virtual > 0 || c.pp_schedule != "1f1b") {
+  if (layout.pp > 1 || c.pp_microbatches > 1 || c.pp_virtual > 0 || c.pp_schedule != "1f1b" || !c.pp_split.empty()) {
     const pipeline::Schedule s = resolve_pipeline(c, layout, model);
     if (c.method != "supervised" && s.microbatches > 1)
       throw UsageError("pp_microbatches > 1 cuts the batch; " + c.method + "'s loss is over the whole batch");
-    if (s.microbatches > 1 && layout.world() > layout.pp)
-      throw UsageError("pp_microbatches > 1 with other dimensions (layout " + layout.name() + ") is not implemented in this build yet");
+    if (s.microbatches > 1 && !pipelines_with(layout))
+      throw UsageError("pp_microbatches > 1 with other dimensions than dp_shard at zero3 (layout " + layout.name() +
+                       ") is not implemented in this build yet");
     if (s.name == "zb-1p" && layout.pp > 1) throw UsageError("zb-1p is in the schedules' replay, not trained, in this build (its split backward is not built yet)");
   }
   if (c.reduce_dtype != "fp32" && precision_traits(c.precision).master.empty())

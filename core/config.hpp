@@ -64,6 +64,7 @@ struct RunConfig {
   // into (also without pp: gradient accumulation) and the stages per rank; 0: the schedule's default.
   std::string pp_schedule = "1f1b";
   int64_t pp_microbatches = 0, pp_virtual = 0;
+  std::string pp_split;  // layers per stage, "7,8,8,7" (empty: stage_layers' cuts)
   std::string layout;
   std::string backend = "auto";
   double bucket_mb = 25.0;

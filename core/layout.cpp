@@ -1,6 +1,7 @@
 #include "core/layout.hpp"
 
 #include <regex>
+#include <sstream>
 
 #include "core/errors.hpp"
 
@@ -156,9 +157,14 @@ void check_layout_fits(const ParallelLayout& l, const ModelShape& m) {
   }
 }
 
+bool pipelines_with(const ParallelLayout& l) {
+  return l.tp == 1 && l.cp == 1 && l.dp_replicate == 1 && (l.dp_shard == 1 || l.sharding == "zero3");
+}
+
 std::string layout_unsupported(const ParallelLayout& l) {
   if (l.cp > 1) return "cp (layout " + l.name() + ") is not implemented in this build yet";
-  if (l.pp > 1 && l.world() > l.pp) return "pp with other dimensions (layout " + l.name() + ") is not implemented in this build yet";
+  if (l.pp > 1 && !pipelines_with(l))
+    return "pp with other dimensions than dp_shard at zero3 (layout " + l.name() + ") is not implemented in this build yet";
   if (l.dp_replicate > 1 && l.dp_shard > 1 && l.sharding != "zero3")
     return "dp_replicate x dp_shard shards at zero3 (hsdp); " + l.sharding + " with replicas is not implemented";
   return "";
@@ -175,6 +181,15 @@ pipeline::Schedule resolve_pipeline(const RunConfig& c, const ParallelLayout& l,
   if (l.pp > 1 && m.layers < s.stages())
     throw UsageError(n(s.stages()) + " pipeline stages (pp " + n(l.pp) + " x pp_virtual " + n(v) + ") are more than the " + n(m.layers) +
                      " layers");
+  if (!c.pp_split.empty() && l.pp == 1) throw UsageError("pp_split cuts the layers into pipeline stages: it needs pp > 1");
+  std::vector<int64_t> split;
+  std::stringstream in(c.pp_split);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (item.empty() || item.size() > 9 || item.find_first_not_of("0123456789") != std::string::npos)
+      throw UsageError("pp_split '" + c.pp_split + "': expected layer counts joined by commas (7,8,8,7)");
+    split.push_back(std::stoll(item));
+  }
+  if (l.pp > 1) s.cuts = pipeline::stage_layers(m.layers, s.stages(), split);
   return s;
 }
 

@@ -57,6 +57,10 @@ ParallelLayout resolve_layout(const RunConfig& c);
 // splits (tp and the heads, the FFN, the vocabulary; cp and the sequence; pp and the layers).
 void check_layout_fits(const ParallelLayout& l, const ModelShape& m);
 
+// Whether this build runs micro-batches (a pipeline, or accumulation) beside the layout's other
+// dimensions: alone, or with dp_shard at zero3 (FSDP inside each stage).
+bool pipelines_with(const ParallelLayout& l);
+
 // Why this build cannot run the layout yet ("" when it can): a dimension it does not implement, or a
 // combination it does not (zero1/zero2 with replicas).
 std::string layout_unsupported(const ParallelLayout& l);

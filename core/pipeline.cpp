@@ -153,7 +153,7 @@ Schedule make_schedule(const std::string& name, int64_t p, int64_t m, int64_t v)
   } else if (v != 1) {
     throw UsageError(name + " runs one stage per rank: pp_virtual " + n(v) + " needs interleaved-1f1b");
   }
-  Schedule s{name, p, v, m, {}};
+  Schedule s{name, p, v, m, {}, {}};
   for (int64_t r = 0; r < p; ++r)
     s.actions.push_back(name == "gpipe"  ? gpipe(r, m)
                         : name == "1f1b" ? one_f_one_b(r, p, m)
@@ -162,13 +162,23 @@ Schedule make_schedule(const std::string& name, int64_t p, int64_t m, int64_t v)
   return s;
 }
 
-std::vector<std::pair<int64_t, int64_t>> stage_layers(int64_t layers, int64_t stages) {
-  if (stages < 1 || layers < stages)
-    throw UsageError(std::to_string(stages) + " pipeline stages are more than the " + std::to_string(layers) + " layers");
-  const int64_t base = (layers + stages - 1) / stages;
-  std::vector<int64_t> count(static_cast<size_t>(stages), base);
-  for (int64_t k = 0, short_by = base * stages - layers; k < short_by; ++k)
-    --count[static_cast<size_t>(k % 2 == 0 ? stages - 1 - k / 2 : k / 2)];
+std::vector<std::pair<int64_t, int64_t>> stage_layers(int64_t layers, int64_t stages, const std::vector<int64_t>& split) {
+  const auto n = [](int64_t x) { return std::to_string(x); };
+  if (stages < 1 || layers < stages) throw UsageError(n(stages) + " pipeline stages are more than the " + n(layers) + " layers");
+  std::vector<int64_t> count = split;
+  if (!split.empty()) {
+    int64_t sum = 0;
+    for (int64_t c : split) sum += c;
+    if (static_cast<int64_t>(split.size()) != stages || sum != layers ||
+        std::any_of(split.begin(), split.end(), [](int64_t c) { return c < 1; }))
+      throw UsageError("pp_split: " + n(static_cast<int64_t>(split.size())) + " counts adding up to " + n(sum) + "; expected one count >= 1 for each of the " +
+                       n(stages) + " stages, adding up to the " + n(layers) + " layers");
+  } else {
+    const int64_t base = (layers + stages - 1) / stages;
+    count.assign(static_cast<size_t>(stages), base);
+    for (int64_t k = 0, short_by = base * stages - layers; k < short_by; ++k)
+      --count[static_cast<size_t>(k % 2 == 0 ? stages - 1 - k / 2 : k / 2)];
+  }
   std::vector<std::pair<int64_t, int64_t>> out;
   int64_t first = 0;
   for (int64_t c : count) out.emplace_back(first, first + c), first += c;

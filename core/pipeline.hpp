@@ -28,6 +28,8 @@ struct Schedule {
   std::string name;  // one of schedule_names()
   int64_t ranks = 1, stages_per_rank = 1, microbatches = 1;
   std::vector<std::vector<Action>> actions;  // per rank, in the order it runs them
+  // The layers of each stage, [first, last) (stage_layers; empty until a model's layers are cut).
+  std::vector<std::pair<int64_t, int64_t>> cuts;
   int64_t stages() const { return ranks * stages_per_rank; }
   int64_t rank_of(int64_t stage) const { return stage % ranks; }
 };
@@ -48,8 +50,9 @@ Schedule make_schedule(const std::string& name, int64_t ranks, int64_t microbatc
 // holds ceil(L / stages) and the shortfall is taken a layer at a time from the last stage, the first,
 // the second last, the second, ...: the stages that also run the head and the embedding (the Llama 3
 // paper's 405B, Section 3.3.2: 126 layers on 16 stages, 7 on the first and the last, 8 on the others).
-// UsageError when there are more stages than layers.
-std::vector<std::pair<int64_t, int64_t>> stage_layers(int64_t layers, int64_t stages);
+// `split` (pp_split) gives each stage's layer count instead. UsageError, one line, when there are more
+// stages than layers, or a split that is not one positive count per stage adding up to the layers.
+std::vector<std::pair<int64_t, int64_t>> stage_layers(int64_t layers, int64_t stages, const std::vector<int64_t>& split = {});
 
 // The time of one action of one stage on one micro-batch; B = I + W. p2p is the time a boundary
 // tensor takes between two ranks (0 between stages on one rank).

@@ -104,9 +104,11 @@ json check_report(const json& report, const json& hardware) {
       state_err.push_back(e);
     }
     // A pipeline's metrics are rank 0's (the first stage); the last stage's model state, which holds the
-    // final norm and the head instead of the embedding, is checked from its rank's row.
-    if (const int64_t pp = setup.schedule.ranks; pp > 1 && setup.world() == pp && cell.contains("ranks") && cell["ranks"].size() == static_cast<size_t>(pp)) {
-      const json& last = cell["ranks"][static_cast<size_t>(pp - 1)];
+    // final norm and the head instead of the embedding, is checked from its rank's row (pp outermost:
+    // the last stage of the first data-parallel pipeline is rank (pp - 1) x world / pp).
+    const int64_t pp = setup.schedule.ranks, world = setup.world();
+    if (pp > 1 && cell.contains("ranks") && cell["ranks"].size() == static_cast<size_t>(world)) {
+      const json& last = cell["ranks"][static_cast<size_t>((pp - 1) * (world / pp))];
       if (last.value("model_state_bytes", json()).is_number()) {
         StepSetup s = setup;
         s.set_pp_rank(pp - 1);

@@ -46,7 +46,7 @@ void StepSetup::set_pp_rank(int64_t rank) {
   pp_rank = rank;
   replay.held.clear();
   if (schedule.ranks == 1) return;
-  const auto cuts = pipeline::stage_layers(replay.model.layers, schedule.stages());  // Pipeline::layers_of
+  const auto cuts = schedule.cuts.empty() ? pipeline::stage_layers(replay.model.layers, schedule.stages()) : schedule.cuts;  // Pipeline::layers_of
   for (int64_t stage = rank; stage < schedule.stages(); stage += schedule.ranks) replay.held.push_back(cuts.at(static_cast<size_t>(stage)));
 }
 
@@ -97,7 +97,7 @@ class StepReplay {
     units_ = st == "zero3" || st == "hsdp" || (r_.num.master && (st == "single" || st == "ddp"));
     if (units_ && st != "zero3" && st != "hsdp") N_ = 1;  // units without a shard group
     sharded_ = units_ && N_ > 1;
-    kept_ = sharded_ && s.stage_kept_unsharded();
+    kept_ = units_ && s.reduce_deferred();
   }
   MemoryPrediction run();
 
@@ -115,6 +115,8 @@ class StepReplay {
   void set_model_state();
   // Full sharding's block wrapper: Zero3BlockFunction (suites/parallel/fully_shard.cpp).
   T unit_block(size_t i, const Tape::BlockFn& body, const T& x);
+  T kept_unit_block(size_t i, const Tape::BlockFn& body, const T& x);
+  void gather_kept(size_t u);
   int64_t unit_bytes(size_t u) const { return padded(unit_numel_[u]) * pe_; }  // a unit's gathered flat buffer
   int64_t shard_numel(size_t u) const { return padded(unit_numel_[u]) / N_; }
   int64_t padded(int64_t n) const { return (n + N_ - 1) / N_ * N_; }
@@ -128,8 +130,8 @@ class StepReplay {
   const int64_t W_;
   int64_t N_;
   bool units_ = false, sharded_ = false;
-  bool kept_ = false;  // a pipeline stage's blocks gathered once per step (StepSetup::stage_kept_unsharded)
-  int64_t kept_bytes_ = 0;
+  bool kept_ = false;  // blocks gathered once per step, gradients reduced after the last micro-batch
+  std::vector<bool> gathered_, accumulating_;  // kept_: per unit, this step
   Tape t_;
   MemoryPrediction out_;
   std::vector<T> params_, opt_state_, buffers_;
@@ -164,9 +166,6 @@ void StepReplay::setup() {
       largest_opt_ = std::max(largest_opt_, shard_numel(u));
     }
     for (size_t i = 0; i < layout_.root.size(); ++i) t_.adopt_param_grad(params_[i]);
-    // Kept blocks' gradients accumulate into their unsharded buffers (gather_root allocates them).
-    if (kept_)
-      for (size_t i = layout_.root.size(); i < params_.size(); ++i) t_.adopt_param_grad(params_[i]);
   } else if (st == "single" || st == "ddp") {
     opt_numel_ = total_;
     for (int64_t n : numels_) largest_opt_ = std::max(largest_opt_, n);
@@ -281,17 +280,34 @@ void StepReplay::gather_root() {
   t_.alloc(unit_bytes(0));
   t_.transient(cast_source(0));
   t_.alloc(unit_bytes(0));
-  if (!kept_) return;
-  // Inside a pipeline stage every block is gathered for the step, with its unsharded gradient in
-  // reduce_dtype (FSDP2's unsharded_accumulated_grad).
-  const int gelem = r_.num.master ? r_.num.reduce : pe_;
-  kept_bytes_ = 0;
-  for (size_t u = 1; u < unit_numel_.size(); ++u) {
-    if (unit_numel_[u] == 0) continue;
-    t_.transient(cast_source(u));
-    kept_bytes_ += unit_bytes(u) + padded(unit_numel_[u]) * gelem;
-  }
-  t_.alloc(kept_bytes_);
+  gathered_.assign(unit_numel_.size(), false);
+  accumulating_.assign(unit_numel_.size(), false);
+}
+
+void StepReplay::gather_kept(size_t u) {
+  if (gathered_[u]) return;
+  gathered_[u] = true;
+  t_.alloc(unit_bytes(u));
+  t_.transient(cast_source(u));
+}
+
+// Zero3BlockFunction with defer_reduce (suites/parallel/fully_shard.cpp): the block gathered at its first
+// forward of the step (with prefetch, the next one with it) and kept; in backward its gradients, as
+// torch::autograd::grad returns them, added into the unit's unsharded reduce_dtype gradient, allocated
+// at its first backward.
+T StepReplay::kept_unit_block(size_t i, const Tape::BlockFn& body, const T& x) {
+  const size_t u = i + 1;
+  gather_kept(u);
+  if (s_.prefetch && sharded_ && u + 1 < unit_numel_.size()) gather_kept(u + 1);
+  const int64_t accumulator = padded(unit_numel_[u]) * (r_.num.master ? r_.num.reduce : pe_);
+  return t_.own_graph(body, x, [this, u, accumulator](Tape& tape, const std::function<void()>& run) {
+    run();
+    if (!accumulating_[u]) {
+      accumulating_[u] = true;
+      tape.alloc(accumulator);
+    }
+    tape.free_collected();
+  });
 }
 
 void StepReplay::forward(bool record) {
@@ -328,10 +344,13 @@ void StepReplay::pipeline_run(bool record) {
   zero_grad();
   gather_root();
   const int64_t start = t_.live();
-  if (units_ && !kept_) t_.block_wrapper = [this](size_t i, const Tape::BlockFn& body, const T& x) { return unit_block(i, body, x); };
+  if (units_)
+    t_.block_wrapper = [this](size_t i, const Tape::BlockFn& body, const T& x) {
+      return kept_ ? kept_unit_block(i, body, x) : unit_block(i, body, x);
+    };
   Replay micro = r_;
   micro.batch = r_.batch / sched.microbatches;
-  const auto cuts = pipeline::stage_layers(r_.model.layers, sched.stages());
+  const auto cuts = sched.cuts.empty() ? pipeline::stage_layers(r_.model.layers, sched.stages()) : sched.cuts;
   // [b, S, D] in the parameters' dtype; with sequence parallelism each tp rank's S / tp of it.
   const int64_t boundary = micro.batch * r_.model.seq_len * r_.model.width / (r_.tp > 1 && r_.sequence_parallel ? r_.tp : 1);
   struct Slot {
@@ -391,10 +410,16 @@ void StepReplay::backward(bool record) {
 // Strategy::reduce_gradients after the backward(s).
 void StepReplay::reduce_gradients() {
   const std::string st = s_.strategy();
-  if (kept_) {  // each block's gradient reduce-scattered into its slice, then the step's gathered buffers go
-    const int gelem = r_.num.master ? r_.num.reduce : pe_;
-    for (size_t u = 1; u < unit_numel_.size(); ++u) t_.transient(shard_numel(u) * gelem);
-    t_.release(kept_bytes_);
+  if (kept_) {  // Zero3::reduce_gradients: each block's gradient reduce-scattered into its slice (converted to
+                // the shard's dtype), then its unsharded gradient and its gathered parameters released
+    const int gelem = r_.num.master ? r_.num.reduce : pe_, se = r_.num.master ? r_.num.master : pe_;
+    for (size_t u = 1; u < unit_numel_.size(); ++u) {
+      if (!accumulating_[u]) continue;
+      t_.alloc(shard_numel(u) * gelem);
+      if (gelem != se) t_.transient(shard_numel(u) * se);
+      t_.release(shard_numel(u) * gelem + padded(unit_numel_[u]) * gelem + unit_bytes(u));
+      accumulating_[u] = gathered_[u] = false;
+    }
   }
   if (r_.num.master && (st == "zero1" || st == "zero2")) {
     // MasterZero12::reduce_gradients: zero2 converts into a reduce_dtype copy (in place when the

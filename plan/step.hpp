@@ -33,12 +33,16 @@ struct StepSetup {
   pipeline::Schedule schedule = pipeline::make_schedule("1f1b", 1, 1, 1);
   int64_t pp_rank = 0;
   bool pipelined() const { return schedule.ranks > 1 || schedule.microbatches > 1; }
-  // Full sharding inside a pipeline stage, as torchtitan runs it (parallelize.py: reshard_after_forward
-  // off with pp; torch.distributed.pipelining's stage defers resharding after backward and the gradients'
-  // reduce-scatter to the last micro-batch): each block gathered once per step and kept, its unsharded
-  // gradient accumulated in reduce_dtype, reduce-scattered once. trainscope does not train pp with
-  // dp_shard yet: the planner plans it torch's way.
-  bool stage_kept_unsharded() const { return schedule.ranks > 1 && (strategy() == "zero3" || strategy() == "hsdp") && sharding() > 1; }
+  // Full sharding's units (suites/parallel/strategies.cpp: make_strategy): zero3 and hsdp, and with
+  // masters one process and ddp (units without a shard group).
+  bool units() const {
+    const std::string st = strategy();
+    return st == "zero3" || st == "hsdp" || (replay.num.master && (st == "single" || st == "ddp"));
+  }
+  // Units inside a pipeline stage with data-parallel ranks (ParamPolicy::defer_reduce): each block
+  // gathered once per step and kept, its unsharded gradient accumulated in reduce_dtype and
+  // reduce-scattered once, after the last micro-batch.
+  bool reduce_deferred() const { return schedule.ranks > 1 && units() && data_parallel() > 1; }
   void set_pp_rank(int64_t rank);
 };
 

@@ -309,8 +309,8 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
       const std::string& how = s.reshard_after_forward;
       int64_t r = how == "true" || how == "false" ? (how == "true" ? N : 1) : std::stoll(how);
       // Inside a pipeline stage each block is gathered once and reduce-scattered once per step
-      // (StepSetup::stage_kept_unsharded).
-      const bool kept = s.stage_kept_unsharded();
+      // (StepSetup::reduce_deferred).
+      const bool kept = s.reduce_deferred();
       const double per_step = kept ? 1.0 : static_cast<double>(accumulation);
       if (kept) r = 1;
       replicas(static_cast<int64_t>(root), 1);

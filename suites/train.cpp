@@ -218,6 +218,8 @@ Trainer::Trainer(const RunConfig& config, const std::string& device, Communicato
   params.compute = mode_.param_dtype;
   params.reduce = mode_.reduce_dtype;
   params.reshard_after_forward = config.reshard_after_forward;
+  // FSDP2 as torch.distributed.pipelining runs it, where there are data-parallel ranks to reduce over.
+  params.defer_reduce = mesh_->layout().pp > 1 && mesh_->layout().dp() > 1;
   strategy_ = make_strategy(*mesh_, config.bucket_mb, config.prefetch, params);
   opt_params_ = strategy_->setup(*model_, !skip_broadcast);
   if (mode_.emulated) weight_rounding_ = std::make_unique<Fp16WeightRounding>(model_->parameters());
@@ -499,11 +501,32 @@ std::vector<std::pair<std::string, torch::Tensor>> Trainer::local_parameters() {
 
 std::vector<std::pair<std::string, torch::Tensor>> Trainer::final_parameters() {
   std::vector<std::pair<std::string, torch::Tensor>> out = local_parameters();
+  if (!pp_shapes_.empty()) return join_stages(std::move(out));
   const TensorParallel& tp = model_->tensor_parallel();
   if (!tp.active()) return out;
   for (auto& [name, t] : out)  // the tp ranks' shards joined (a collective over the tp group)
     if (const auto split = model_->tensor_parallel_split(name)) t = tensor_parallel::unshard(t, *split, tp);
   return out;
+}
+
+// Under pp each parameter from the rank of the first stage that holds it, broadcast over the pp group
+// (a collective: every pp rank joins), so that every rank has the whole model.
+std::vector<std::pair<std::string, torch::Tensor>> Trainer::join_stages(std::vector<std::pair<std::string, torch::Tensor>> local) {
+  const pipeline::Schedule& s = pipeline_->schedule();
+  if (Communicator* c = mesh_->world()) c->set_step(-1);  // not the steps' communication
+  for (auto& [name, t] : local) {
+    int64_t stage = 0;
+    while (stage < s.stages()) {
+      const auto [first, last] = pipeline_->layers_of(stage);
+      if (model_->used_by_layers(name, first, last)) break;
+      ++stage;
+    }
+    const auto root = static_cast<int>(s.rank_of(stage));
+    torch::Tensor full = root == pp_rank_ ? t : torch::empty(pp_shapes_.at(name), t.options());
+    mesh_->group("pp")->broadcast({full}, root);
+    t = full;
+  }
+  return local;
 }
 
 // Under tp the split parameters count on every tp rank, the whole ones (the same gradient on each) on
@@ -526,6 +549,7 @@ void Trainer::setup_pipeline() {
   if (mesh_->layout().pp == 1) return;
   pp_rank_ = mesh_->coordinate("pp");
   const std::vector<int64_t> mine = pipeline_->my_stages();
+  for (const auto& item : model_->named_parameters()) pp_shapes_[item.key()] = item.value().sizes().vec();
   model_->drop_parameters([&](const std::string& name) {
     return std::any_of(mine.begin(), mine.end(), [&](int64_t stage) {
       const auto [first, last] = pipeline_->layers_of(stage);
@@ -538,7 +562,8 @@ void Trainer::setup_pipeline() {
   const int64_t first = schedule.rank_of(0), last = pipeline_->last_stage_rank();
   if (!model_->tied_head().empty() && (pp_rank_ == first || pp_rank_ == last)) {
     const std::vector<int> members = mesh_->members("pp");
-    tied_group_ = mesh_->world()->split({members.at(static_cast<size_t>(first)), members.at(static_cast<size_t>(last))}, "pp-tied-head");
+    const int a = members.at(static_cast<size_t>(first)), b = members.at(static_cast<size_t>(last));
+    tied_group_ = mesh_->world()->split({a, b}, "pp-tied-head-" + std::to_string(a));  // one per pipeline
   }
 }
 

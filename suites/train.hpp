@@ -135,6 +135,8 @@ class Trainer {
   std::unique_ptr<Pipeline> pipeline_;     // pp > 1, or micro-batches whose gradients accumulate
   int64_t pp_rank_ = 0;
   std::unique_ptr<Communicator> tied_group_;  // pp: the first and last stages' ranks, which both hold a tied head
+  std::map<std::string, std::vector<int64_t>> pp_shapes_;  // pp: every parameter's shape before the other stages' were dropped
+  std::vector<std::pair<std::string, torch::Tensor>> join_stages(std::vector<std::pair<std::string, torch::Tensor>> local);
 };
 
 // Runs warm-up + measured steps with the hooks, then evaluates. A loss that turns non-finite and

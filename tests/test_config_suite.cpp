@@ -372,12 +372,12 @@ TEST(Layout, TheConfigurationChecksIt) {
   EXPECT_EQ(RunConfig::from_json({{"model", "gpt-tiny"}, {"tp", 2}}).world_size, 2);
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "vit-tiny"}, {"tp", 2}}), "vit models have none");
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"cp", 2}}), "not implemented in this build yet");
-  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp", 2}, {"tp", 2}}), "pp with other dimensions (layout pp2-tp2)");
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp", 2}, {"tp", 2}}), "pp with other dimensions than dp_shard at zero3 (layout pp2-tp2)");
   EXPECT_EQ(RunConfig::from_json({{"model", "llama-tiny"}, {"pp", 2}, {"batch_size", 4}}).world_size, 2);
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp_virtual", 2}}), "pp_schedule and pp_virtual need pp > 1");
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp_microbatches", 4}, {"method", "simclr"}}), "cuts the batch");
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp_microbatches", 2}, {"parallel", "ddp"}, {"world_size", 2}}),
-                    "pp_microbatches > 1 with other dimensions (layout dp_replicate2)");
+                    "pp_microbatches > 1 with other dimensions than dp_shard at zero3 (layout dp_replicate2)");
   EXPECT_EQ(RunConfig::from_json({{"model", "llama-tiny"}, {"tp", 2}, {"sequence_parallel", true}}).world_size, 2);
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"sequence_parallel", true}}), "needs tp > 1");
   EXPECT_EQ(RunConfig::from_json({{"model", "llama-tiny"}, {"tp", 2}, {"grad_clip", 1.0}}).grad_clip, 1.0);
@@ -525,6 +525,16 @@ TEST(PipelineSchedule, StagesCutTheLayers) {
   llama405.front() = llama405.back() = 7;
   EXPECT_EQ(sizes(126, 16), llama405);
   EXPECT_THAT_ERROR(stage_layers(2, 4), "4 pipeline stages are more than the 2 layers");
+  // pp_split moves the cuts; a split that is not one positive count per stage adding up to the layers is one line.
+  EXPECT_EQ(stage_layers(8, 4, {1, 3, 3, 1}), (std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {1, 4}, {4, 7}, {7, 8}}));
+  EXPECT_THAT_ERROR(stage_layers(8, 4, {3, 3, 2}), "pp_split: 3 counts adding up to 8; expected one count >= 1 for each of the 4 stages");
+  EXPECT_THAT_ERROR(stage_layers(8, 4, {4, 4, 0, 0}), "expected one count >= 1");
+  EXPECT_THAT_ERROR(stage_layers(8, 2, {3, 4}), "adding up to the 8 layers");
+  using trainscope::RunConfig;
+  EXPECT_EQ(RunConfig::from_json({{"model", "llama-tiny"}, {"pp", 2}, {"pp_split", "1,1"}, {"batch_size", 4}}).pp_split, "1,1");
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp", 2}, {"pp_split", "2"}}), "pp_split: 1 counts adding up to 2");
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp", 2}, {"pp_split", "one,1"}}), "expected layer counts joined by commas");
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp_split", "1,1"}}), "pp_split cuts the layers into pipeline stages: it needs pp > 1");
 }
 
 // Every table runs each (stage, F/B or F/I/W, micro-batch) exactly once, on the rank that holds the

@@ -22,6 +22,7 @@ struct Unit : torch::CustomClassHolder {
   bool master = false;
   at::ScalarType reduce_dtype = at::kFloat;
   torch::Tensor kept;   // reshard_after_forward = r: this rank's 1/r of fp.flat, from forward to backward
+  bool accumulating = false;  // defer_reduce: fp.grad holds the step's unsharded gradient so far
 
   std::shared_ptr<PendingCollective> pending;  // a prefetch in flight
   torch::Tensor pending_source;                // and what it sends (the cast shard), alive until it is done
@@ -88,6 +89,26 @@ struct Unit : torch::CustomClassHolder {
     release_storage(fp.grad);
     return out;
   }
+  // defer_reduce: the block's gradients added into its unsharded gradient (the first micro-batch's copied
+  // in, converted to reduce_dtype, as FSDP2's unsharded_accumulated_grad).
+  void accumulate(const std::vector<torch::Tensor>& grads) {
+    torch::NoGradGuard no_grad;
+    if (!accumulating) {
+      allocate_storage(fp.grad);
+      fp.grad.zero_();
+    }
+    int64_t off = 0;
+    for (size_t i = 0; i < fp.params.size(); ++i) {
+      const int64_t n = fp.params[i].numel();
+      if (grads[i].defined()) {
+        torch::Tensor slot = fp.grad.narrow(0, off, n);
+        if (accumulating) slot.add_(grads[i].reshape(-1));
+        else slot.copy_(grads[i].reshape(-1));
+      }
+      off += n;
+    }
+    accumulating = true;
+  }
   // This rank's slice of `full` averaged over every rank: over the shard group, then over the replicas,
   // so that the mean is over the world; in the shard's dtype.
   torch::Tensor reduce_scatter_grad(const torch::Tensor& full) {
@@ -104,6 +125,7 @@ struct Zero3Call : torch::CustomClassHolder {
   c10::intrusive_ptr<Unit> next_forward, next_backward;  // prefetched while this block computes (or null)
   BlockFn body;
   std::string reshard;  // reshard_after_forward
+  bool defer = false;   // ParamPolicy::defer_reduce
   torch::Tensor input, output;  // the block's own graph, kept from forward to backward
 };
 
@@ -138,9 +160,13 @@ struct Zero3BlockFunction : public torch::autograd::Function<Zero3BlockFunction>
     auto grads = torch::autograd::grad({call->output}, wrt, {grad_out[0]}, /*retain_graph=*/false,
                                        /*create_graph=*/false, /*allow_unused=*/true);
     call->output = torch::Tensor();
-    unit.release();
     torch::Tensor input_g = input_grad ? grads.back() : torch::Tensor();
     grads.resize(unit.fp.params.size());
+    if (call->defer) {  // kept gathered; reduced after the last micro-batch (Zero3::reduce_gradients)
+      unit.accumulate(grads);
+      return {input_g, torch::Tensor(), torch::Tensor()};
+    }
+    unit.release();
     torch::Tensor shard_g = unit.reduce(grads);
     return {input_g, shard_g, torch::Tensor()};
   }
@@ -186,7 +212,8 @@ class Zero3 : public ParallelStrategy {
         if (i > 0) call->next_backward = units_[i - 1];
       }
       call->body = body;
-      call->reshard = policy_.reshard_after_forward;
+      call->reshard = policy_.defer_reduce ? "false" : policy_.reshard_after_forward;
+      call->defer = policy_.defer_reduce;
       return Zero3BlockFunction::apply(x, call->unit->shard, call);
     });
     return owned;
@@ -208,9 +235,17 @@ class Zero3 : public ParallelStrategy {
     root_->fp.grad.zero_();
   }
   void reduce_gradients() override {
-    // Block gradients were reduce-scattered during backward; the root's now (with masters its bf16
-    // gradients are first copied into a reduce_dtype buffer, as FSDP2's reduce-scatter input).
+    // Block gradients were reduce-scattered during backward (deferred: now, after the last micro-batch,
+    // the blocks released with them); the root's now (with masters its bf16 gradients are first copied
+    // into a reduce_dtype buffer, as FSDP2's reduce-scatter input).
     torch::NoGradGuard no_grad;
+    for (auto& u : units_) {
+      if (!u->accumulating) continue;
+      u->shard.mutable_grad().add_(u->reduce_scatter_grad(u->fp.grad));
+      release_storage(u->fp.grad);
+      u->accumulating = false;
+      u->release();
+    }
     const torch::Tensor& g = root_->fp.grad;
     torch::Tensor out = root_->reduce_scatter_grad(g.scalar_type() == policy_.reduce || !policy_.master ? g : g.to(policy_.reduce));
     root_->shard.mutable_grad().copy_(out);

@@ -52,7 +52,8 @@ void Pipeline::complete_sends(int64_t after) {
 }
 
 std::pair<int64_t, int64_t> Pipeline::layers_of(int64_t stage) const {
-  return pipeline::stage_layers(layers_, schedule_.stages()).at(static_cast<size_t>(stage));
+  if (schedule_.cuts.empty()) return pipeline::stage_layers(layers_, schedule_.stages()).at(static_cast<size_t>(stage));
+  return schedule_.cuts.at(static_cast<size_t>(stage));
 }
 
 std::vector<int64_t> Pipeline::my_stages() const {

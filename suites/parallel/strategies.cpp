@@ -1,5 +1,6 @@
 #include "suites/parallel/strategies.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <set>
@@ -198,7 +199,12 @@ void ParallelStrategy::clip_grad_norm(const std::vector<torch::Tensor>& opt_para
     return;
   }
   torch::NoGradGuard no_grad;
-  const auto dtype = across ? torch::kDouble : torch::kFloat;
+  // fp32 at least (as torch's clip_grad_norm_ on fp32 gradients), fp64 for fp64 gradients or a sum across
+  // a second group.
+  const bool wide = across || std::any_of(opt_params.begin(), opt_params.end(), [](const torch::Tensor& p) {
+                      return p.grad().defined() && p.grad().scalar_type() == torch::kDouble;
+                    });
+  const auto dtype = wide ? torch::kDouble : torch::kFloat;
   torch::Tensor sq = torch::zeros({1}, dtype);
   const std::vector<Ranges> ranges = counted.empty() ? std::vector<Ranges>{} : counted_ranges(counted);
   for (size_t i = 0; i < opt_params.size(); ++i) {

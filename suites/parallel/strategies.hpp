@@ -97,6 +97,13 @@ struct ParamPolicy {
   // zero3, hsdp: after a block's forward free its gathered parameters ("true"), keep them until its
   // backward ("false"), or keep a 1/r slice and gather over r ranks in backward ("r"), as FSDP2.
   std::string reshard_after_forward = "true";
+  // Units inside a pipeline stage, with data-parallel ranks to reduce over: each block stays gathered for
+  // the step and its gradient accumulates
+  // unsharded (in reduce_dtype), reduce-scattered once after the last micro-batch, as
+  // torch.distributed.pipelining runs FSDP2 (reshard_after_backward and requires_gradient_sync off until
+  // the last micro-batch; torchtitan's reshard_after_forward off with pp). Gradient accumulation without
+  // pp reduces every micro-batch, as torchtitan's does (the memory-lean default).
+  bool defer_reduce = false;
 };
 
 // The strategy of the mesh's layout over its dp_replicate and dp_shard groups. prefetch (zero3, hsdp):

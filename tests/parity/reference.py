@@ -55,6 +55,7 @@ import deepspeed_ref  # noqa: E402
 import lightning_ref  # noqa: E402
 import ssl_ref  # noqa: E402
 import tp_ref  # noqa: E402
+import pp_ref  # noqa: E402
 
 
 def is_llama(cell):
@@ -508,6 +509,9 @@ REFERENCES = {
            "layer and at the root on 'dp' after TP (torchtitan's order); gradients to their parameters' placements "
            "before torch.optim.SGD(foreach=False); beside it, the one-process emulation of the same arithmetic "
            "(tp_ref.emulate_tp)"),
+    "pp": ("torch.distributed.pipelining's schedule of the same name (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, "
+           "scale_grads=True) over PipelineStage modules of HF's layers cut as trainscope cuts them, on pp Gloo ranks, "
+           "torch.optim.SGD(foreach=False) on each rank's stages (pp_ref.py)"),
 }
 
 # bf16-master (fp32 masters, bf16 compute copies, gradients reduced in reduce_dtype): FSDP2's
@@ -547,6 +551,8 @@ def kind_of(cfg):
         return "scaler"
     if int(cfg.get("tp", 1) or 1) > 1:  # TP alone, or the 2-D row (parallel = zero3 over the dp group)
         return "tp"
+    if int(cfg.get("pp", 1) or 1) > 1:
+        return "pp"
     if cfg.get("parallel", "single") != "single":
         return cfg["parallel"]
     if cfg.get("checkpoint", "none") != "none":
@@ -939,6 +945,13 @@ def row(cell, dump_path, lib):
         out.update(tp_ref.row(cell, dump, dump_path, lib))
         out["technique"] = "tp" + ("+sp" if cfg.get("sequence_parallel") else "") + (
             f"/fsdp-dp{cfg.get('dp_shard')}" if int(cfg.get("dp_shard", 1)) > 1 else "")
+        out["verdict"] = "differs" if any(c["verdict"] == "differs" for c in out["checks"]) else "pass"
+        return out
+    if kind == "pp":
+        # trainscope's pipeline against torch.distributed.pipelining's schedule of the same name (pp_ref.py)
+        out.update(pp_ref.row(cell, dump, dump_path, lib))
+        cfg_schedule = cfg.get("pp_schedule", "1f1b")
+        out["technique"] = f"pp{cfg.get('pp')}/{cfg_schedule}"
         out["verdict"] = "differs" if any(c["verdict"] == "differs" for c in out["checks"]) else "pass"
         return out
     if kind == "scaler":

@@ -158,13 +158,13 @@ void check_layout_fits(const ParallelLayout& l, const ModelShape& m) {
 }
 
 bool pipelines_with(const ParallelLayout& l) {
-  return l.tp == 1 && l.cp == 1 && l.dp_replicate == 1 && (l.dp_shard == 1 || l.sharding == "zero3");
+  return l.cp == 1 && l.dp_replicate == 1 && (l.dp_shard == 1 || l.sharding == "zero3");
 }
 
 std::string layout_unsupported(const ParallelLayout& l) {
   if (l.cp > 1) return "cp (layout " + l.name() + ") is not implemented in this build yet";
   if (l.pp > 1 && !pipelines_with(l))
-    return "pp with other dimensions than dp_shard at zero3 (layout " + l.name() + ") is not implemented in this build yet";
+    return "pp with other dimensions than tp and dp_shard at zero3 (layout " + l.name() + ") is not implemented in this build yet";
   if (l.dp_replicate > 1 && l.dp_shard > 1 && l.sharding != "zero3")
     return "dp_replicate x dp_shard shards at zero3 (hsdp); " + l.sharding + " with replicas is not implemented";
   return "";

@@ -58,7 +58,7 @@ ParallelLayout resolve_layout(const RunConfig& c);
 void check_layout_fits(const ParallelLayout& l, const ModelShape& m);
 
 // Whether this build runs micro-batches (a pipeline, or accumulation) beside the layout's other
-// dimensions: alone, or with dp_shard at zero3 (FSDP inside each stage).
+// dimensions: alone, with tp, with dp_shard at zero3 (FSDP inside each stage), or both.
 bool pipelines_with(const ParallelLayout& l);
 
 // Why this build cannot run the layout yet ("" when it can): a dimension it does not implement, or a

@@ -105,8 +105,9 @@ std::vector<int64_t> pp_degrees(const PlanRequest& r, int64_t ranks) {
 }
 
 // The schedules searched with pp: 1F1B and interleaved 1F1B (two stages per rank) as torchtitan and
-// Megatron run them; GPipe (1F1B's bubble, every micro-batch in flight) and zb-1p (not trained by
-// this build) only when `--set pp_schedule` names them.
+// Megatron run them; GPipe (1F1B's bubble, every micro-batch in flight) and zb-1p (planned with torch's
+// split, I and W half a backward each, where this build's W walks the graph again) only when
+// `--set pp_schedule` names them.
 std::vector<std::string> pp_schedules(const PlanRequest& r, int64_t pp) {
   if (pp == 1) return {""};
   if (auto f = r.fixed.find("pp_schedule"); f != r.fixed.end()) return {f->second};
@@ -231,6 +232,25 @@ std::vector<RankPrediction> replay_ranks(StepSetup s) {
   return out;
 }
 
+// The data-parallel rank's batch (b x m sequences) cut into the schedule's m micro-batches.
+void set_pipeline(StepSetup& s, const LayoutChoice& lc, int64_t m, json& cand) {
+  s.schedule = pipeline::make_schedule(lc.schedule, lc.layout.pp, m, pipeline::default_stages_per_rank(lc.schedule));
+  s.replay.batch *= m;
+  cand["pipeline"] = {{"schedule", lc.schedule}, {"stages_per_rank", s.schedule.stages_per_rank}, {"microbatches", m}};
+}
+
+// The step of the slowest replayed rank.
+TimePrediction slowest(const std::vector<RankPrediction>& ranks, const DeviceProfile& d, const Cluster& c, int64_t accumulation, json& cand) {
+  TimePrediction out;
+  for (const RankPrediction& rp : ranks) {
+    TimePrediction t = predict_time(rp.setup, rp.memory, d, c, accumulation);
+    if (t.step_s <= out.step_s) continue;
+    out = std::move(t);
+    if (rp.setup.schedule.ranks > 1) cand["pipeline"]["slowest_rank"] = rp.setup.pp_rank;
+  }
+  return out;
+}
+
 void evaluate(const Context& x, const LayoutChoice& lc, json& cand) {
   const PlanRequest& r = x.r;
   const DeviceProfile& d = r.device;
@@ -240,12 +260,7 @@ void evaluate(const Context& x, const LayoutChoice& lc, json& cand) {
   s.replay.model.attention = cand["attention"];
   s.replay.model.dropout = 0;
   s.replay.batch = b;
-  if (lc.layout.pp > 1) {  // the data-parallel rank's batch, cut into the schedule's micro-batches
-    const std::string& name = lc.schedule;
-    s.schedule = pipeline::make_schedule(name, lc.layout.pp, accumulation, pipeline::default_stages_per_rank(name));
-    s.replay.batch = b * accumulation;
-    cand["pipeline"] = {{"schedule", name}, {"stages_per_rank", s.schedule.stages_per_rank}, {"microbatches", accumulation}};
-  }
+  if (lc.layout.pp > 1) set_pipeline(s, lc, accumulation, cand);
   s.replay.checkpoint = cand["checkpoint"];
   s.replay.cross_entropy = setting(r, "cross_entropy", "eager");
   s.replay.num = numerics_of(cand["precision"], d.gpu, setting(r, "reduce_dtype", "fp32"));
@@ -272,14 +287,7 @@ void evaluate(const Context& x, const LayoutChoice& lc, json& cand) {
   }
   // A data-parallel rank's sequences (tp and pp GPUs share them) in micro-batches of b: accumulated, or
   // the pipeline's micro-batches.
-  TimePrediction tp;
-  for (const RankPrediction& rp : ranks) {
-    TimePrediction t = predict_time(rp.setup, rp.memory, d, r.cluster, lc.layout.pp > 1 ? 1 : accumulation);
-    if (t.step_s > tp.step_s) {
-      tp = std::move(t);
-      if (lc.layout.pp > 1) cand["pipeline"]["slowest_rank"] = rp.setup.pp_rank;
-    }
-  }
+  const TimePrediction tp = slowest(ranks, d, r.cluster, lc.layout.pp > 1 ? 1 : accumulation, cand);
   cand["time"] = tp.to_json();
   const double tokens_per_gpu = static_cast<double>(x.seqs_per_rank * S) / tp.step_s;
   cand["tokens_per_s_per_gpu"] = tokens_per_gpu;

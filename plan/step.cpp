@@ -109,7 +109,16 @@ class StepReplay {
   void gather_root();
   void forward(bool record);
   void backward(bool record);
+  // A (stage, micro-batch) of the pipeline: its received input, its output, its graph until backward.
+  struct Slot {
+    T input, output;
+    Tape::Graph graph;
+    std::shared_ptr<Storage> seed;  // zb-1p: the received gradient, from I to W
+  };
   void pipeline_run(bool record);
+  std::shared_ptr<Storage> stage_forward(int64_t stage, Slot& slot, Replay& micro, bool timed);
+  std::shared_ptr<Storage> stage_backward(int64_t stage, Slot& slot, bool timed);
+  std::shared_ptr<Storage> stage_backward_input(int64_t stage, Slot& slot);
   void reduce_gradients();
   void optimizer();
   void set_model_state();
@@ -350,13 +359,6 @@ void StepReplay::pipeline_run(bool record) {
     };
   Replay micro = r_;
   micro.batch = r_.batch / sched.microbatches;
-  const auto cuts = sched.cuts.empty() ? pipeline::stage_layers(r_.model.layers, sched.stages()) : sched.cuts;
-  // [b, S, D] in the parameters' dtype; with sequence parallelism each tp rank's S / tp of it.
-  const int64_t boundary = micro.batch * r_.model.seq_len * r_.model.width / (r_.tp > 1 && r_.sequence_parallel ? r_.tp : 1);
-  struct Slot {
-    T input, output;
-    Tape::Graph graph;
-  };
   std::map<std::pair<int64_t, int64_t>, Slot> slots;
   std::vector<std::pair<int64_t, std::shared_ptr<Storage>>> sent;  // (released after action, buffer)
   const std::vector<int64_t> release = pipeline::send_release(sched).at(rank);
@@ -365,35 +367,62 @@ void StepReplay::pipeline_run(bool record) {
     const pipeline::Action& a = actions[k];
     Slot& slot = slots[{a.stage, a.microbatch}];
     const bool timed = record && a.microbatch == 0;
-    if (a.op == pipeline::Op::Forward) {
-      if (a.stage > 0) slot.input = t_.make(boundary, pe_, true);  // received: a leaf that wants its gradient
-      micro.first_layer = cuts.at(static_cast<size_t>(a.stage)).first;
-      micro.last_layer = a.stage + 1 == sched.stages() ? -1 : cuts.at(static_cast<size_t>(a.stage)).second;
-      const size_t mark = t_.mark();
-      slot.output = forward_loss(t_, micro, params_, slot.input ? slot.input : batch_.first, batch_.second);
-      t_.autocast_cache.clear();  // each micro-batch's forward is an autocast region of its own
-      slot.graph = t_.take_graph(mark);
-      if (release[k] >= 0) sent.emplace_back(release[k], slot.output.storage);
-      if (timed) out_.forward_costs.insert(out_.forward_costs.end(), t_.forward_costs.begin(), t_.forward_costs.end()), out_.forward_ops += t_.ops;
-    } else {
-      const bool last = a.stage + 1 == sched.stages();
-      std::shared_ptr<Storage> seed = last ? nullptr : t_.data(slot.output.numel, slot.output.elem).storage;  // received
-      std::shared_ptr<Storage> grad = t_.backward_graph(std::move(slot.graph), slot.output, seed, slot.input);
-      seed.reset();
-      if (release[k] >= 0 && grad) sent.emplace_back(release[k], grad);
-      grad.reset();
-      slots.erase({a.stage, a.microbatch});
-      if (timed) out_.recompute_costs.insert(out_.recompute_costs.end(), t_.recompute_costs.begin(), t_.recompute_costs.end());
-    }
-    t_.forward_costs.clear();
-    t_.recompute_costs.clear();
-    t_.ops = 0;
+    std::shared_ptr<Storage> sends;
+    if (a.op == pipeline::Op::Forward) sends = stage_forward(a.stage, slot, micro, timed);
+    else if (a.op == pipeline::Op::BackwardInput) sends = stage_backward_input(a.stage, slot);
+    else sends = stage_backward(a.stage, slot, timed);
+    if (a.op == pipeline::Op::BackwardWeight) sends.reset();  // its input's gradient went with I
+    if (a.op == pipeline::Op::Backward || a.op == pipeline::Op::BackwardWeight) slots.erase({a.stage, a.microbatch});
+    if (release[k] >= 0 && sends) sent.emplace_back(release[k], std::move(sends));
     sent.erase(std::remove_if(sent.begin(), sent.end(), [k](const auto& x) { return x.first == static_cast<int64_t>(k); }), sent.end());
   }
   sent.clear();
   t_.block_wrapper = nullptr;
   fwd_ = std::max(fwd_, t_.phase_peak());
   out_.activations = std::max(out_.activations, t_.phase_peak() - start);
+}
+
+// A stage's forward of a micro-batch: from the tokens (stage 0) or a received hidden state ([b, S, D] in
+// the parameters' dtype; S / tp of it per rank with sequence parallelism), its graph set aside; returns
+// what it sends on (its output; the last stage sends nothing).
+std::shared_ptr<Storage> StepReplay::stage_forward(int64_t stage, Slot& slot, Replay& micro, bool timed) {
+  const pipeline::Schedule& sched = s_.schedule;
+  const auto cuts = sched.cuts.empty() ? pipeline::stage_layers(r_.model.layers, sched.stages()) : sched.cuts;
+  const int64_t boundary = micro.batch * r_.model.seq_len * r_.model.width / (r_.tp > 1 && r_.sequence_parallel ? r_.tp : 1);
+  if (stage > 0) slot.input = t_.make(boundary, pe_, true);  // received: a leaf that wants its gradient
+  const bool last = stage + 1 == sched.stages();
+  micro.first_layer = cuts.at(static_cast<size_t>(stage)).first;
+  micro.last_layer = last ? -1 : cuts.at(static_cast<size_t>(stage)).second;
+  const size_t mark = t_.mark();
+  slot.output = forward_loss(t_, micro, params_, slot.input ? slot.input : batch_.first, batch_.second);
+  t_.autocast_cache.clear();  // each micro-batch's forward is an autocast region of its own
+  slot.graph = t_.take_graph(mark);
+  if (timed) {
+    out_.forward_costs.insert(out_.forward_costs.end(), t_.forward_costs.begin(), t_.forward_costs.end());
+    out_.forward_ops += t_.ops;
+  }
+  t_.forward_costs.clear();
+  t_.ops = 0;
+  return last ? nullptr : slot.output.storage;
+}
+
+// zb-1p's I (Pipeline::backward_input): the output's gradient received and kept for W, the input's
+// gradient made and sent back; the graph kept whole until W, which then runs as a whole backward.
+std::shared_ptr<Storage> StepReplay::stage_backward_input(int64_t stage, Slot& slot) {
+  if (stage + 1 < s_.schedule.stages()) slot.seed = t_.data(slot.output.numel, slot.output.elem).storage;
+  if (stage == 0) return nullptr;
+  return t_.data(slot.input.numel, slot.input.elem).storage;
+}
+
+// Its backward: from the loss (the last stage) or the received gradient of its output; returns its
+// input's gradient, which it sends back (stage 0: none).
+std::shared_ptr<Storage> StepReplay::stage_backward(int64_t stage, Slot& slot, bool timed) {
+  const bool last = stage + 1 == s_.schedule.stages();
+  std::shared_ptr<Storage> seed = slot.seed ? std::move(slot.seed) : last ? nullptr : t_.data(slot.output.numel, slot.output.elem).storage;  // received
+  std::shared_ptr<Storage> grad = t_.backward_graph(std::move(slot.graph), slot.output, seed, slot.input);
+  if (timed) out_.recompute_costs.insert(out_.recompute_costs.end(), t_.recompute_costs.begin(), t_.recompute_costs.end());
+  t_.recompute_costs.clear();
+  return grad;
 }
 
 void StepReplay::backward(bool record) {

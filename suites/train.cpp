@@ -206,9 +206,10 @@ Trainer::Trainer(const RunConfig& config, const std::string& device, Communicato
     tp.regather = config.sp_regather;
     model_->set_tensor_parallel(tp);
     // Megatron's model-parallel generator, seed + 2718 + tp rank (tensor_parallel/random.py:
-    // model_parallel_cuda_manual_seed); tp-same-dropout-seed (a fault) leaves the tp rank out.
+    // model_parallel_cuda_manual_seed) on a pipeline stage's seed, seed + 100 x pp rank (_set_random_seed);
+    // tp-same-dropout-seed (a fault) leaves the tp rank out.
     const int64_t offset = config.inject == "tp-same-dropout-seed" ? 0 : tp.rank;
-    tensor_parallel::rng_tracker().seed(static_cast<uint64_t>(config.seed + 2718 + offset));
+    tensor_parallel::rng_tracker().seed(static_cast<uint64_t>(config.seed + 100 * mesh_->coordinate("pp") + 2718 + offset));
   } else {
     tensor_parallel::rng_tracker().reset();
   }
@@ -325,7 +326,7 @@ Batch Trainer::rank_batch(int64_t step, torch::Tensor* flips) {
 // from, and what this rank's data stream produced.
 void Trainer::fingerprints(int64_t step, const Batch& batch, const torch::Tensor& flips, Hooks& hooks) {
   // A pipeline's ranks hold different stages and draw dropout from their own seeds: each must-match
-  // stream is compared among the ranks of one pipeline rank (none other, until pp composes with dp).
+  // stream is compared among the ranks of one pipeline rank.
   const std::string stage = mesh_->layout().pp > 1 ? " (pipeline rank " + std::to_string(pp_rank_) + ")" : "";
   auto emit = [&](const char* stream, const char* cls, uint64_t v) {
     hooks.fingerprint(Fingerprint{std::string(stream) + (std::string(cls) == "must-match" ? stage : ""), cls, step, v});
@@ -353,10 +354,10 @@ void Trainer::fingerprints(int64_t step, const Batch& batch, const torch::Tensor
   // data-parallel ranks of one tp coordinate (each stream compared among the ranks that report it).
   if (const TensorParallel& tp = model_->tensor_parallel(); tp.active()) {
     const uint64_t v = fingerprint(tensor_parallel::rng_tracker().snapshot());
-    hooks.fingerprint(Fingerprint{"tp-dropout-generator (the tp ranks of data-parallel rank " + std::to_string(dp_rank_) + ")",
+    hooks.fingerprint(Fingerprint{"tp-dropout-generator (the tp ranks of data-parallel rank " + std::to_string(dp_rank_) + ")" + stage,
                                   "should-differ", step, v});
     if (dp_size_ > 1)
-      hooks.fingerprint(Fingerprint{"tp-dropout-generator (the data-parallel ranks of tp rank " + std::to_string(tp.rank) + ")",
+      hooks.fingerprint(Fingerprint{"tp-dropout-generator (the data-parallel ranks of tp rank " + std::to_string(tp.rank) + ")" + stage,
                                     "must-match", step, v});
   }
   // EMA teachers are never reduced: only their identical updates keep them equal on every rank.
@@ -501,7 +502,7 @@ std::vector<std::pair<std::string, torch::Tensor>> Trainer::local_parameters() {
 
 std::vector<std::pair<std::string, torch::Tensor>> Trainer::final_parameters() {
   std::vector<std::pair<std::string, torch::Tensor>> out = local_parameters();
-  if (!pp_shapes_.empty()) return join_stages(std::move(out));
+  if (!pp_shapes_.empty()) out = join_stages(std::move(out));
   const TensorParallel& tp = model_->tensor_parallel();
   if (!tp.active()) return out;
   for (auto& [name, t] : out)  // the tp ranks' shards joined (a collective over the tp group)
@@ -584,8 +585,17 @@ torch::Tensor Trainer::run_pipeline(const Batch& batch, StepInfo& si, Hooks& hoo
     const torch::Tensor share = loss * (config_.loss_multiplier / static_cast<double>(m));
     return scaler_ ? scaler_->scale(share) : share;
   };
-  steps.boundary_like = [&](const Batch& mb) {
-    return torch::empty({mb.input.size(0), mb.input.size(1), preset_.width}, torch::TensorOptions().device(device_).dtype(mode_.param_dtype));
+  // The hidden states between stages: [b, S, D], each tp rank's S / tp of it with sequence parallelism.
+  const int64_t shards = config_.sequence_parallel ? mesh_->layout().tp : 1;
+  steps.boundary_like = [&, shards](const Batch& mb) {
+    return torch::empty({mb.input.size(0), mb.input.size(1) / shards, preset_.width},
+                        torch::TensorOptions().device(device_).dtype(mode_.param_dtype));
+  };
+  steps.weights = [&](int64_t first, int64_t last) {
+    std::vector<torch::Tensor> out;
+    for (const auto& item : model_->named_parameters())
+      if (model_->used_by_layers(item.key(), first, last)) out.push_back(item.value());
+    return out;
   };
   if (scaler_) si.loss_scale = scaler_->current_scale();
   strategy_->before_backward();

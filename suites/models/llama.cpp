@@ -214,7 +214,8 @@ class Llama : public DecoderModel {
   }
 
   torch::Tensor forward_layers(const torch::Tensor& in, int64_t first, int64_t last) override {
-    const int64_t S = in.size(1);
+    // The tokens, or a stage's hidden states: with sequence parallelism each tp rank's S / tp of them.
+    const int64_t S = first > 0 && tp_.active() && tp_.sequence ? in.size(1) * tp_.degree : in.size(1);
     torch::Tensor h = first == 0 ? boundary("embed", tensor_parallel::vocab_embedding(in, embed_tokens_->weight, tp_)) : in;
     const auto tables = rope_tables(inv_freq_, S, h.scalar_type(), in.device());
     const torch::Tensor cos = tables.first, sin = tables.second;

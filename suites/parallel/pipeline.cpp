@@ -18,6 +18,8 @@ int64_t bytes_of(const torch::Tensor& t) { return t.numel() * static_cast<int64_
 struct Pipeline::Slot {
   torch::Tensor input;   // a leaf requiring its gradient (stages after the first), or the tokens
   torch::Tensor output;  // the hidden states sent on, or the loss
+  // A split backward (zb-1p) between its I and its W: where the weights' backward starts from.
+  torch::Tensor root, grad_out;
 };
 
 std::vector<Batch> split_microbatches(const Batch& b, int64_t m) {
@@ -35,6 +37,44 @@ std::vector<Batch> split_microbatches(const Batch& b, int64_t m) {
 Pipeline::Pipeline(pipeline::Schedule schedule, Communicator* group, int64_t layers)
     : schedule_(std::move(schedule)), group_(group), layers_(layers), rank_(group ? group->rank() : 0) {
   release_ = pipeline::send_release(schedule_);  // a table that would deadlock fails here, before any rank waits
+}
+
+// zb-1p's I: the gradient of the stage's input alone (the graph kept for W), sent back to the previous
+// stage; stage 0 has no input to differentiate and leaves everything to its W.
+void Pipeline::backward_input(const pipeline::Action& a, Slot& slot, const Steps& steps, int64_t release, double* waited) {
+  const int64_t last = schedule_.stages() - 1;
+  if (a.stage == last) {
+    slot.root = steps.objective(slot.output);
+  } else {
+    const int src = static_cast<int>(schedule_.rank_of(a.stage + 1));
+    slot.root = slot.output;
+    slot.grad_out = receive(torch::empty_like(slot.output), src, tag(a.stage, a.microbatch, true), waited);
+  }
+  if (a.stage == 0) return;
+  const std::vector<torch::Tensor> grad_out = slot.grad_out.defined() ? std::vector<torch::Tensor>{slot.grad_out} : std::vector<torch::Tensor>{};
+  torch::Tensor g = torch::autograd::grad({slot.root}, {slot.input}, grad_out, /*retain_graph=*/true)[0].contiguous();
+  const int dst = static_cast<int>(schedule_.rank_of(a.stage - 1));
+  sends_.push_back({g, group_->send(g, dst, tag(a.stage - 1, a.microbatch, true)), release});
+  stats_.p2p_bytes += bytes_of(g);
+}
+
+// zb-1p's W: the stage's weight gradients from the kept graph, added into .grad as AccumulateGrad does
+// (the first taken as it is, the later ones added in place). The graph is walked a second time (torch's
+// pipelining captures the intermediate gradients instead): the same values, a second backward's time.
+void Pipeline::backward_weight(const pipeline::Action& a, Slot& slot, const Steps& steps) {
+  const auto [first, last] = layers_of(a.stage);
+  std::vector<torch::Tensor> weights;
+  for (const torch::Tensor& p : steps.weights(first, last))
+    if (p.requires_grad() && p.numel() > 0) weights.push_back(p);
+  const std::vector<torch::Tensor> grad_out = slot.grad_out.defined() ? std::vector<torch::Tensor>{slot.grad_out} : std::vector<torch::Tensor>{};
+  const auto grads = torch::autograd::grad({slot.root}, weights, grad_out, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    torch::Tensor& g = weights[i].mutable_grad();
+    if (g.defined()) g.add_(grads[i]);
+    else g = grads[i].is_view() ? grads[i].clone() : grads[i];  // AccumulateGrad clones what it cannot steal
+  }
 }
 
 void Pipeline::complete_sends(int64_t after) {
@@ -117,6 +157,12 @@ torch::Tensor Pipeline::run(const Batch& batch, const Steps& steps) {
         stats_.p2p_bytes += bytes_of(out);
       }
       stats_.peak_in_flight = std::max(stats_.peak_in_flight, ++held);
+    } else if (a.op == pipeline::Op::BackwardInput) {
+      backward_input(a, slots.at({a.stage, a.microbatch}), steps, release[k], &waited);
+    } else if (a.op == pipeline::Op::BackwardWeight) {
+      backward_weight(a, slots.at({a.stage, a.microbatch}), steps);
+      slots.erase({a.stage, a.microbatch});
+      --held;
     } else {
       Slot& slot = slots.at({a.stage, a.microbatch});
       if (a.stage == last) {

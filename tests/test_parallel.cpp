@@ -363,6 +363,17 @@ seq_len = 16
 vocab = 256
 tied = false
 )";
+// The two runs compared: the other dimension alone on 2 ranks accumulating the micro-batches, and with
+// pp 2 on 4 ranks.
+constexpr const char* kAccumulateAndPipeline = R"(
+[[cells]]
+name = "accumulate"
+world_size = 2
+[[cells]]
+name = "1f1b"
+pp = 2
+world_size = 4
+)";
 
 // FSDP inside each pipeline stage: pp 2 x dp_shard 2 on 4 ranks against dp_shard 2 alone accumulating
 // the same 4 micro-batches per rank on 2 ranks. Both average the same gradients over the same two
@@ -377,14 +388,7 @@ name = "pipeline-fsdp"
 [base]
 )" + std::string(kPipelineBase) + R"(
 dp_shard = 2
-)" + kPipelineLlama + R"(
-[[cells]]
-name = "accumulate"
-world_size = 2
-[[cells]]
-name = "1f1b"
-pp = 2
-world_size = 4
+)" + kPipelineLlama + kAccumulateAndPipeline + R"(
 [[cells]]
 name = "1f1b-full"
 pp = 2
@@ -444,14 +448,7 @@ name = "pipeline-tp"
 )" + std::string(kPipelineBase) + R"(
 tp = 2
 rng_every = 1
-)" + kPipelineLlama + R"(
-[[cells]]
-name = "accumulate"
-world_size = 2
-[[cells]]
-name = "1f1b"
-pp = 2
-world_size = 4
+)" + kPipelineLlama + kAccumulateAndPipeline + R"(
 [[cells]]
 name = "sp/accumulate"
 world_size = 2

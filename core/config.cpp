@@ -490,8 +490,6 @@ RunConfig RunConfig::from_json(const json& j) {
     if (s.microbatches > 1 && !pipelines_with(layout))
       throw UsageError("pp_microbatches > 1 with other dimensions than tp and dp_shard at zero3 (layout " + layout.name() +
                        ") is not implemented in this build yet");
-    if (layout.pp > 1 && layout.tp > 1 && c.grad_clip > 0)
-      throw UsageError("grad_clip with pp and tp together is not implemented in this build yet (the norm sums over both groups)");
     if (s.name == "zb-1p" && (layout.dp() > 1 || !precision_traits(c.precision).master.empty()))
       throw UsageError("zb-1p's split backward walks the graph twice: not with full sharding's units (dp_shard, fp32 masters), "
                        "whose backward reduces, in this build");

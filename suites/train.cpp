@@ -537,10 +537,14 @@ void Trainer::clip_gradients() {
   Communicator* pp = mesh_->group("pp");
   std::vector<bool> counted;
   for (const auto& item : model_->named_parameters()) {
-    if (tp.active()) counted.push_back(tp.rank == 0 || model_->tensor_parallel_split(item.key()));
-    else if (pp) counted.push_back(item.key() != model_->tied_head() || pp_rank_ == 0);
+    if (!tp.active() && !pp) break;
+    const bool mine = !tp.active() || tp.rank == 0 || model_->tensor_parallel_split(item.key());
+    counted.push_back(mine && (!pp || item.key() != model_->tied_head() || pp_rank_ == 0));
   }
-  strategy_->clip_grad_norm(opt_params_, config_.grad_clip, counted, tp.active() ? tp.group : pp);
+  std::vector<Communicator*> across;
+  if (tp.active()) across.push_back(tp.group);
+  if (pp) across.push_back(pp);
+  strategy_->clip_grad_norm(opt_params_, config_.grad_clip, counted, across);
 }
 
 void Trainer::setup_pipeline() {

@@ -375,8 +375,7 @@ TEST(Layout, TheConfigurationChecksIt) {
   EXPECT_EQ(RunConfig::from_json({{"model", "llama-tiny"}, {"pp", 2}, {"tp", 2}, {"batch_size", 4}}).world_size, 4);
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp", 2}, {"dp_replicate", 2}}),
                     "pp with other dimensions than tp and dp_shard at zero3 (layout pp2-dp_replicate2)");
-  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp", 2}, {"tp", 2}, {"batch_size", 4}, {"grad_clip", 1.0}}),
-                    "grad_clip with pp and tp together is not implemented");
+  EXPECT_EQ(RunConfig::from_json({{"model", "llama-tiny"}, {"pp", 2}, {"tp", 2}, {"batch_size", 4}, {"grad_clip", 1.0}}).grad_clip, 1.0);
   EXPECT_EQ(RunConfig::from_json({{"model", "llama-tiny"}, {"pp", 2}, {"batch_size", 4}}).world_size, 2);
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp_virtual", 2}}), "pp_schedule and pp_virtual need pp > 1");
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp_microbatches", 4}, {"method", "simclr"}}), "cuts the batch");

@@ -458,8 +458,26 @@ name = "sp/1f1b"
 pp = 2
 world_size = 4
 sequence_parallel = true
+[[cells]]
+name = "clip/accumulate"
+world_size = 2
+grad_clip = 0.05
+[[cells]]
+name = "clip/1f1b"
+pp = 2
+world_size = 4
+grad_clip = 0.05
 )", "--nproc 4");
   ASSERT_EQ(run.result.code, 0) << run.result.out;
+  // Clipped, the norm sums each stage's tp shards over tp, then the stages over pp: a reassociation of
+  // the fp64 sum of squares (atol 1e-12, as the other reassociations here).
+  const auto clipped = load_params(run.out + "/cells/clip_accumulate.rank0.params.pt");
+  for (const std::string rank : {"rank0", "rank3"}) {
+    const auto pp = load_params(run.out + "/cells/clip_1f1b." + rank + ".params.pt");
+    ASSERT_EQ(pp.size(), clipped.size()) << rank;
+    for (size_t i = 0; i < pp.size(); ++i)
+      EXPECT_TRUE(torch::allclose(pp[i], clipped[i], /*rtol=*/0, /*atol=*/1e-12)) << "clip " << rank << " parameter " << i;
+  }
   for (const std::string prefix : {"", "sp_"}) {
     const auto one = load_params(run.out + "/cells/" + prefix + "accumulate.rank0.params.pt");
     ASSERT_FALSE(one.empty());

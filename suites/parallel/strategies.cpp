@@ -193,15 +193,15 @@ double ParallelStrategy::parameter_spread() {
 }
 
 void ParallelStrategy::clip_grad_norm(const std::vector<torch::Tensor>& opt_params, double max_norm, const std::vector<bool>& counted,
-                                      Communicator* across) {
-  if (!comm_ && !across) {
+                                      const std::vector<Communicator*>& across) {
+  if (!comm_ && across.empty()) {
     torch::nn::utils::clip_grad_norm_(opt_params, max_norm);
     return;
   }
   torch::NoGradGuard no_grad;
   // fp32 at least (as torch's clip_grad_norm_ on fp32 gradients), fp64 for fp64 gradients or a sum across
   // a second group.
-  const bool wide = across || std::any_of(opt_params.begin(), opt_params.end(), [](const torch::Tensor& p) {
+  const bool wide = !across.empty() || std::any_of(opt_params.begin(), opt_params.end(), [](const torch::Tensor& p) {
                       return p.grad().defined() && p.grad().scalar_type() == torch::kDouble;
                     });
   const auto dtype = wide ? torch::kDouble : torch::kFloat;
@@ -218,7 +218,7 @@ void ParallelStrategy::clip_grad_norm(const std::vector<torch::Tensor>& opt_para
     for (const auto& [begin, end] : ranges.at(i)) sq += flat.narrow(0, begin, end - begin).to(dtype).pow(2).sum().cpu();
   }
   if (sliced_gradients()) gradient_group()->all_reduce(sq, /*average=*/false);
-  if (across) across->all_reduce(sq, /*average=*/false);
+  for (Communicator* group : across) group->all_reduce(sq, /*average=*/false);
   const double norm = std::sqrt(sq.item<double>());
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1)

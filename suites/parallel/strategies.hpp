@@ -58,9 +58,9 @@ class ParallelStrategy {
   // Global gradient-norm clipping over the optimizer's tensors (all ranks agree on the norm). Under
   // tensor parallelism `counted` (per model parameter, in its order) says which parameters this rank
   // counts (the split ones on every tp rank, the whole ones on one: Megatron's clip_grad_norm) and
-  // `across` (the tp group) adds the ranks' sums.
+  // `across` (the tp group, the pp group, or both) adds the ranks' sums.
   void clip_grad_norm(const std::vector<torch::Tensor>& opt_params, double max_norm, const std::vector<bool>& counted = {},
-                      Communicator* across = nullptr);
+                      const std::vector<Communicator*>& across = {});
   Communicator* comm() const { return comm_; }
   // The number of ranks one copy of the model state is spread over (zero3: the world; hsdp: a shard
   // group); the N of the ZeRO paper's formulas.

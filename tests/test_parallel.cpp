@@ -376,7 +376,8 @@ world_size = 4
 )";
 
 // FSDP inside each pipeline stage: pp 2 x dp_shard 2 on 4 ranks against dp_shard 2 alone accumulating
-// the same 4 micro-batches per rank on 2 ranks. Both average the same gradients over the same two
+// the same 4 micro-batches per rank on 2 ranks, and the 3-D pp 2 x dp_shard 2 x tp 2 on 8 ranks against
+// dp_shard 2 x tp 2 on 4. Both average the same gradients over the same two
 // data-parallel ranks; the stage keeps its blocks gathered and reduce-scatters their summed gradient once,
 // (sum_j a_j + sum_j b_j) / 2, where accumulation reduce-scatters each micro-batch's, sum_j (a_j + b_j) / 2:
 // 2m = 8 fp64 terms reassociated per step, at most 8 x 2^-53 of the gradient's size, over 2 SGD steps of
@@ -403,14 +404,26 @@ name = "1f1b-clip"
 pp = 2
 world_size = 4
 grad_clip = 0.05
-)", "--nproc 4");
+[[cells]]
+name = "3d/accumulate"
+tp = 2
+world_size = 4
+[[cells]]
+name = "3d/1f1b"
+tp = 2
+pp = 2
+world_size = 8
+)", "--nproc 8");
   ASSERT_EQ(run.result.code, 0) << run.result.out;
-  for (const std::string cell : {"1f1b", "1f1b-full", "1f1b-clip"}) {
-    // The clipped cells' norm: each stage's shards summed over dp_shard, then the stages over pp.
-    const auto one = load_params(run.out + "/cells/" + std::string(cell == "1f1b-clip" ? "accumulate-clip" : "accumulate") + ".rank0.params.pt");
+  // The clipped cells' norm: each stage's shards summed over dp_shard, then the stages over pp. The 3-D
+  // cells (pp 2 x dp_shard 2 x tp 2 on 8 ranks) against dp_shard 2 x tp 2 accumulating on 4.
+  const std::map<std::string, std::string> against{{"1f1b", "accumulate"}, {"1f1b-full", "accumulate"},
+                                                   {"1f1b-clip", "accumulate-clip"}, {"3d_1f1b", "3d_accumulate"}};
+  for (const auto& [cell, reference] : against) {
+    const auto one = load_params(run.out + "/cells/" + reference + ".rank0.params.pt");
     ASSERT_FALSE(one.empty());
     const auto pp = load_params(run.out + "/cells/" + cell + ".rank0.params.pt");
-    const auto last = load_params(run.out + "/cells/" + cell + ".rank3.params.pt");  // the other pipeline's last stage
+    const auto last = load_params(run.out + "/cells/" + cell + ".rank3.params.pt");  // another pipeline's rank
     ASSERT_EQ(pp.size(), one.size()) << cell;
     ASSERT_EQ(last.size(), one.size()) << cell;
     for (size_t i = 0; i < one.size(); ++i) {
@@ -420,6 +433,7 @@ grad_clip = 0.05
     }
   }
   EXPECT_EQ(cell_named(run.report, "1f1b")["layout"]["name"], "pp2-dp_shard2");
+  EXPECT_EQ(cell_named(run.report, "3d/1f1b")["layout"]["name"], "pp2-dp_shard2-tp2");
   // The planner replays the stage's kept blocks and deferred reduction (plan/step.cpp: kept_unit_block):
   // both stages' model state exact, rank 0's peak within the planner's worst-case target (10%).
   const Result check = ts("plan --check " + run.out + " --format json");
@@ -427,13 +441,13 @@ grad_clip = 0.05
   const json rows = json::parse(check.out)["cells"];
   int planned = 0;
   for (const auto& row : rows) {
-    if (row["cell"].get<std::string>().rfind("1f1b", 0) != 0) continue;
+    if (row["cell"].get<std::string>().find("1f1b") == std::string::npos) continue;
     ++planned;
     EXPECT_EQ(row["model_state_error"], 0.0) << row.dump();
-    EXPECT_EQ(row.value("last_stage_model_state_error", -1.0), 0.0) << row.dump();  // rank 2: the first pipeline's last stage
+    EXPECT_EQ(row.value("last_stage_model_state_error", -1.0), 0.0) << row.dump();  // rank 2 (3-D: 4), the first pipeline's last stage
     EXPECT_LE(std::fabs(row["peak_error"].get<double>()), 0.10) << row.dump();
   }
-  EXPECT_EQ(planned, 3);
+  EXPECT_EQ(planned, 4);
 }
 
 // Tensor parallelism inside each pipeline stage: pp 2 x tp 2 on 4 ranks against tp 2 alone accumulating

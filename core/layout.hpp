@@ -67,8 +67,9 @@ std::string layout_unsupported(const ParallelLayout& l);
 
 // The pipeline a configuration runs: its schedule over the layout's pp ranks, with the micro-batches and
 // stages per rank resolved (0: the schedule's defaults; without pp, one stage and pp_microbatches
-// micro-batches whose gradients accumulate). UsageError, one line, when the schedule cannot take them,
-// the micro-batches do not divide the batch or the stages the layers.
+// micro-batches whose gradients accumulate) and, with pp, the layers of each stage (pp_split, else
+// stage_layers' cuts). UsageError, one line, when the schedule cannot take them, the micro-batches do not
+// divide the batch, there are more stages than layers or pp_split is malformed.
 pipeline::Schedule resolve_pipeline(const RunConfig& c, const ParallelLayout& l, const ModelShape& m);
 
 }  // namespace trainscope

@@ -93,8 +93,7 @@ class StepReplay {
       : s_(s), r_(s.replay), layout_(param_layout(r_)), pe_(r_.num.param), oe_(r_.num.optimizer_bytes()), W_(s.data_parallel()),
         N_(s.sharding()) {
     const std::string st = s.strategy();
-    // With masters every strategy but zero1/zero2 runs on full sharding's units (make_strategy).
-    units_ = st == "zero3" || st == "hsdp" || (r_.num.master && (st == "single" || st == "ddp"));
+    units_ = s.units();
     if (units_ && st != "zero3" && st != "hsdp") N_ = 1;  // units without a shard group
     sharded_ = units_ && N_ > 1;
     kept_ = units_ && s.reduce_deferred();

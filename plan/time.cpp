@@ -193,9 +193,7 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
   const int64_t total = layout.total(), W = s.data_parallel(), pe = s.replay.num.param, oe = s.replay.num.optimizer_bytes();
   const std::string st = s.strategy();
   const bool master = s.replay.num.master > 0;
-  // Full sharding's units: zero3 and hsdp, and with masters one process and ddp (units without a shard
-  // group, suites/parallel/strategies.cpp: make_strategy).
-  const bool sharded = st == "zero3" || st == "hsdp", units = sharded || (master && (st == "single" || st == "ddp"));
+  const bool sharded = st == "zero3" || st == "hsdp", units = s.units();
   const int64_t unit_group = sharded ? s.sharding() : 1;
   const int64_t gelem = master ? s.replay.num.reduce : pe;  // the gradients' bytes as reduced
   std::vector<int64_t> opt_tensors;

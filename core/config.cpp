@@ -104,6 +104,12 @@ const std::vector<KeySpec>& config_keys() {
        "layers of each pipeline stage in stage order, comma-separated (7,8,8,7): one count per stage (pp x pp_virtual), adding "
        "up to the layers; empty: equal cuts, the first and last stages a layer short where the stages do not divide the layers"},
       {"cp", KeyKind::Int, {}, 1, "layout: context-parallel ranks the sequence is split over", 1},
+      {"cp_method", KeyKind::Choice, {"allgather", "ring"}, "allgather",
+       "cp: keys and values all-gathered for the local queries under a global causal mask (Llama 3), or passed around "
+       "a ring with point-to-point, each block merged by its log-sum-exp (ring attention)"},
+      {"cp_balance", KeyKind::Bool, {}, true,
+       "cp: each rank holds chunks r and 2 cp - 1 - r of the sequence (head-tail), so causal attention's work is even; "
+       "false: contiguous shards"},
       {"layout", KeyKind::String, {}, "",
        "the layout's degrees at once: dimensions joined by '-' (dp_shard4-tp2, dp_replicate2-dp_shard2; -zero1 or -zero2 "
        "for a lighter sharding), or single; empty: the degree keys and parallel"},
@@ -385,6 +391,8 @@ static void for_each_field(Config& c, Visit&& v) {
   v("pp_virtual", c.pp_virtual);
   v("pp_split", c.pp_split);
   v("cp", c.cp);
+  v("cp_method", c.cp_method);
+  v("cp_balance", c.cp_balance);
   v("layout", c.layout);
   v("backend", c.backend);
   v("bucket_mb", c.bucket_mb);
@@ -479,6 +487,9 @@ RunConfig RunConfig::from_json(const json& j) {
     if (c.sp_regather && (!precision_traits(c.precision).autocast.empty() || c.checkpoint == "selective-op"))
       throw UsageError("sp_regather = true runs its GEMMs itself: not under autocast (" + c.precision +
                        ") or selective-op checkpointing in this build");
+    // The ring's blocks and the gathered keys run a flash kernel without dropout of its own.
+    if (layout.cp > 1 && c.dropout > 0)
+      throw UsageError("cp's attention blocks run without dropout in this build: set dropout = 0 (it is " + std::to_string(c.dropout) + ")");
   } else if (c.sequence_parallel || c.sp_regather) {
     throw UsageError("sequence_parallel = true splits what tp splits; it needs tp > 1");
   }

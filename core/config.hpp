@@ -65,6 +65,10 @@ struct RunConfig {
   std::string pp_schedule = "1f1b";
   int64_t pp_microbatches = 0, pp_virtual = 0;
   std::string pp_split;  // layers per stage, "7,8,8,7" (empty: stage_layers' cuts)
+  // Context parallelism (suites/parallel/context_parallel.hpp): how attention crosses the sequence shards,
+  // and whether the shards are head-tail balanced.
+  std::string cp_method = "allgather";
+  bool cp_balance = true;
   std::string layout;
   std::string backend = "auto";
   double bucket_mb = 25.0;

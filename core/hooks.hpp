@@ -37,6 +37,13 @@ struct RunInfo {
   int64_t pipeline_ranks = 1, pipeline_stages_per_rank = 1, pipeline_microbatches = 1;
   double pipeline_bubble_formula = 0;
   int64_t pipeline_in_flight_formula = 0;
+  // Context parallelism (suites/parallel/context_parallel.hpp; cp_ranks 1: none): the method, whether the
+  // shards are head-tail balanced, and the causal query-key pairs each cp rank's attention computes in
+  // one forward with the balanced shards and with contiguous ones (the imbalance either would have).
+  std::string cp_method;
+  bool cp_balance = true;
+  int64_t cp_ranks = 1, cp_rank = 0;
+  std::vector<double> cp_pairs_balanced, cp_pairs_contiguous;
 };
 
 // One collective the parallel layer ran (the hooks collective begin/end). `bytes` follows
@@ -82,6 +89,12 @@ struct StepInfo {
     double span_s = 0, compute_s = 0, wait_s = 0;
     int64_t peak_in_flight = 0, p2p_bytes = 0;
   } pipeline;
+  // Context parallelism, from step_end: this rank's seconds inside the cp attention (forward, backward),
+  // of them blocked on transfers, the transfers' own seconds, the bytes it sent. attention_s 0: none.
+  struct Context {
+    double attention_s = 0, wait_s = 0, transfer_s = 0;
+    int64_t bytes = 0;
+  } context;
 };
 
 // What a self-supervised objective saw on a step, for the SSL health probe (probes/ssl).

@@ -34,6 +34,7 @@ std::string ParallelLayout::name() const {
     if (degree(d) > 1) out += (out.empty() ? "" : "-") + d + n(degree(d));
   if (out.empty()) return "single";
   if (dp_shard > 1 && sharding != "zero3") out += "-" + sharding;
+  if (dp_shard == 1 && dp_replicate == 1 && cp > 1 && sharding != "none") out += "-" + sharding;  // sharded over cp's ranks
   return out;
 }
 
@@ -55,12 +56,13 @@ bool ParallelLayout::operator==(const ParallelLayout& o) const {
 ParallelLayout parse_layout(const std::string& text) {
   const std::string grammar =
       "layout '" + text + "': expected dimensions joined by '-', each a name and a degree (pp, dp_replicate, dp_shard, cp, "
-      "tp: dp_shard4-tp2), optionally -zero1 or -zero2 (how dp_shard shards), or single";
+      "tp: dp_shard4-tp2), optionally -zero1 or -zero2 (how dp_shard shards; with cp alone -zero3 too: over cp's ranks), or single";
   ParallelLayout l;
   if (text == "single") return l;
   static const std::regex dim("(pp|dp_replicate|dp_shard|cp|tp)([1-9][0-9]{0,5})");
   std::vector<bool> seen(ParallelLayout::dimensions().size(), false);
   std::string level = "zero3";
+  bool level_given = false;
   size_t start = 0;
   while (start <= text.size()) {
     const size_t end = text.find('-', start);
@@ -68,6 +70,7 @@ ParallelLayout parse_layout(const std::string& text) {
     std::smatch m;
     if (part == "zero1" || part == "zero2" || part == "zero3") {
       level = part;
+      level_given = true;
     } else if (std::regex_match(part, m, dim)) {
       const auto& dims = ParallelLayout::dimensions();
       const size_t i = std::find(dims.begin(), dims.end(), m[1].str()) - dims.begin();
@@ -80,7 +83,7 @@ ParallelLayout parse_layout(const std::string& text) {
     if (end == std::string::npos) break;
     start = end + 1;
   }
-  if (l.dp_shard > 1) l.sharding = level;
+  if (l.dp_shard > 1 || (level_given && l.cp > 1 && l.dp_replicate == 1)) l.sharding = level;  // over dp_shard (and cp's ranks)
   else if (level != "zero3") throw UsageError("layout '" + text + "': " + level + " shards over dp_shard, which it does not set");
   return l;
 }
@@ -157,12 +160,22 @@ void check_layout_fits(const ParallelLayout& l, const ModelShape& m) {
   }
 }
 
+ParallelLayout fold_context(const ParallelLayout& l) {
+  ParallelLayout f = l;
+  if (l.cp == 1) return f;
+  // cp alone at a sharding level (parallel = zero3 over the cp ranks: "cp8-zero3") shards over them too.
+  const bool shard = l.dp_shard > 1 || (l.dp_replicate == 1 && l.sharding != "none");
+  (shard ? f.dp_shard : f.dp_replicate) *= l.cp;
+  f.cp = 1;
+  return f;
+}
+
 bool pipelines_with(const ParallelLayout& l) {
   return l.cp == 1 && l.dp_replicate == 1 && (l.dp_shard == 1 || l.sharding == "zero3");
 }
 
 std::string layout_unsupported(const ParallelLayout& l) {
-  if (l.cp > 1) return "cp (layout " + l.name() + ") is not implemented in this build yet";
+  if (l.cp > 1 && l.pp > 1) return "cp with pp (layout " + l.name() + ") is not implemented in this build yet";
   if (l.pp > 1 && !pipelines_with(l))
     return "pp with other dimensions than tp and dp_shard at zero3 (layout " + l.name() + ") is not implemented in this build yet";
   if (l.dp_replicate > 1 && l.dp_shard > 1 && l.sharding != "zero3")

@@ -57,6 +57,12 @@ ParallelLayout resolve_layout(const RunConfig& c);
 // splits (tp and the heads, the FFN, the vocabulary; cp and the sequence; pp and the layers).
 void check_layout_fits(const ParallelLayout& l, const ModelShape& m);
 
+// The layout the data-parallel strategy runs: cp's ranks hold the same model state and average their
+// gradients with the data-parallel ranks' (torchtitan's dp_shard_cp), folded into dp_shard when it shards
+// (or, cp alone, when the layout has a sharding level: "cp8-zero3", FSDP over the cp ranks), else into
+// dp_replicate; cp 1 in the result. The layout itself without cp.
+ParallelLayout fold_context(const ParallelLayout& l);
+
 // Whether this build runs micro-batches (a pipeline, or accumulation) beside the layout's other
 // dimensions: alone, with tp, with dp_shard at zero3 (FSDP inside each stage), or both.
 bool pipelines_with(const ParallelLayout& l);

@@ -138,6 +138,25 @@ struct Net {
     if (keep) t.sac->kept.push_back({y, t.data(lse / 4, 4)});
     return y;
   }
+  // Context parallelism's attention (suites/parallel/context_parallel.cpp: CpAttention over RankAttention):
+  // one autograd node over this rank's c tokens that saves q, k, v, its output and the log-sum-exp (in the
+  // accumulation dtype, fp32 at least). Forward's scratch: the keys and values made contiguous and the
+  // next block's (the ring's receive buffers; with the all-gather every rank's at once and the flat
+  // send buffer), the running output and lse, a block's expanded heads (grouped-query) with its output
+  // and lse, and the merge's temporaries; backward's: the output gradient made contiguous, the keys and
+  // values again, the gradient sums travelling and arriving, the running dq, and a block's expanded
+  // heads, its kernel gradients and their accumulation-dtype copies. The cost: cp_attention_layer_cost.
+  T cp_attention(const T& q, const T& k, const T& v, int64_t B, int64_t Hq, int64_t Hkv, int64_t Dh) {
+    const int e = q.elem, a = std::max(e, 4);
+    const int64_t W = r.cp, c = r.local_seq(), S = r.model.seq_len;
+    const int64_t kv = B * Hkv * c * Dh * e, qo = B * Hq * c * Dh, lse = B * Hq * c * a;
+    const int64_t expanded = Hq == Hkv ? 0 : 2 * B * Hq * c * Dh * e;
+    const int64_t held = r.cp_method == "allgather" ? 2 * kv * W + 2 * kv : 4 * kv;
+    const int64_t fwd = held + qo * a + lse + std::max(expanded + qo * e + lse, qo * e + lse + 2 * qo * a);
+    const int64_t sums = 4 * B * Hkv * c * Dh * a;
+    const int64_t bwd = qo * e + held + sums + qo * a + std::max(expanded + 3 * qo * e, 3 * qo * e + 2 * qo * a);
+    return t.op({&q, &k, &v}, qo, e, {&q, &k, &v}, true, lse, cp_attention_layer_cost(r, B), fwd, bwd);
+  }
   // A copy making a strided view contiguous (matmul's reshape of a permuted operand, .contiguous()).
   T copy(const T& x) { return t.op({&x}, x.numel, x.elem, {}, false, 0, ew(2 * x.bytes())); }
   T layer_norm(const T& x, const T& w, const T& b, int64_t rows) {
@@ -248,13 +267,14 @@ T gpt_block(Net& n, const T& x, const GptBlockParams& p, bool selective) {
   const ModelShape& m = n.r.model;
   // Under tensor parallelism this rank's heads and fc units; x holds S / tp of the tokens with sequence
   // parallelism (TransformerBlock::forward).
-  const int64_t tp = n.r.tp, B = n.r.batch, S = m.seq_len, D = m.width / tp, H = m.heads / tp, N = B * S;
+  const int64_t tp = n.r.tp, B = n.r.batch, S = n.r.local_seq(), D = m.width / tp, H = m.heads / tp, N = B * S;
   const int64_t rows = x.numel / m.width;
   const double drop = m.dropout;
   const T qkv = n.linear(n.enter(n.layer_norm(x, *p.ln1w, *p.ln1b, rows)), *p.qkvw, p.qkvb, N, m.width, 3 * D);
   auto core = [n, B, S, D, H, N, drop, sdpa = m.attention == "sdpa"](Tape& t, const T& packed) mutable -> T {
     const T q = t.part(packed, N * D), k = t.part(packed, N * D), v = t.part(packed, N * D);
     const int e = packed.elem;
+    if (n.r.cp > 1) return n.cp_attention(q, k, v, B, H, H, D / H);  // [B,S,H,Dh] in memory: the reshape is a view
     if (sdpa) {
       // The fused kernel saves q, k, v (views of qkv), its output and the log-sum-exp (fp32).
       const T out = n.attention(q, k, v, N * D, B * H * S * 4, attention_cost(S, D / H, B * H), false, drop);
@@ -325,7 +345,7 @@ struct LlamaBlockParams {
 T llama_block(Net& n, const T& x, const LlamaBlockParams& p, bool selective) {
   Tape& t = n.t;
   const ModelShape& m = n.r.model;
-  const int64_t tp = n.r.tp, B = n.r.batch, S = m.seq_len, D = m.width, Dh = m.head_dim(), Hq = m.heads / tp;
+  const int64_t tp = n.r.tp, B = n.r.batch, S = n.r.local_seq(), D = m.width, Dh = m.head_dim(), Hq = m.heads / tp;
   const int64_t Hkv = m.kv_heads % tp == 0 ? m.kv_heads / tp : 1;
   const int64_t N = B * S, F = m.ffn / tp, rows = x.numel / D;
   const T normed = n.enter(rms_norm(n, x, *p.ln1, rows));
@@ -336,6 +356,7 @@ T llama_block(Net& n, const T& x, const LlamaBlockParams& p, bool selective) {
   const int64_t rep = Hq / Hkv;
   auto core = [n, k_embed, v, B, S, Dh, Hq, Hkv, N, rep, sdpa = m.attention == "sdpa"](Tape& t, const T& query) mutable -> T {
     const int e = query.elem;
+    if (n.r.cp > 1) return n.cp_attention(query, k_embed, v, B, Hq, Hkv, Dh);  // its output's memory is [B,S,H,Dh]
     if (sdpa) {
       // Saves query, key, value, its output ([B,S,H,Dh] in memory, so the transpose is free) and the
       // fp32 log-sum-exp; GQA without copies (enable_gqa).
@@ -472,6 +493,13 @@ ParamLayout param_layout(const Replay& r) {
   return l;
 }
 
+OpCost cp_attention_layer_cost(const Replay& r, int64_t batch) {
+  const ModelShape& m = r.model;
+  const double W = static_cast<double>(r.cp), S = static_cast<double>(m.seq_len), c = S / W;
+  const double pairs = r.cp_balance ? S * (S + 1) / 2 / W : c * (W - 1) * c + c * (c + 1) / 2;
+  return attention_cost(static_cast<int64_t>(std::llround(std::sqrt(2 * pairs))), m.head_dim(), batch * (m.heads / r.tp));
+}
+
 T forward_loss(Tape& t, const Replay& r, const std::vector<T>& params, const T& input, const T&) {
   const ModelShape& m = r.model;
   Net n{t, r, r.num};
@@ -490,7 +518,7 @@ T forward_loss(Tape& t, const Replay& r, const std::vector<T>& params, const T& 
 
   const int64_t first = r.first_layer, last = r.last_layer < 0 ? m.layers : r.last_layer;
   if (m.family == "gpt") {
-    const int64_t S = m.seq_len, D = m.width, N = B * S;
+    const int64_t S = r.local_seq(), D = m.width, N = B * S;
     T h = input;
     if (first == 0) {
       // Under tp (Gpt::embed): the vocabulary-parallel lookup (as Llama's below), then the positions of
@@ -514,15 +542,17 @@ T forward_loss(Tape& t, const Replay& r, const std::vector<T>& params, const T& 
     return n.loss(logits, N, m.vocab);
   }
   if (m.family == "llama") {
-    const int64_t S = m.seq_len, D = m.width, N = B * S;
+    const int64_t S = r.local_seq(), D = m.width, N = B * S;
     T h = input;
     if (first == 0 && r.tp > 1) {
       h = n.boundary(n.vocab_embedding(*root[0], N));
     } else if (first == 0) {
       h = n.boundary(t.op({root[0]}, N * D, r.num.param, {}, false, 0, n.ew(N * D * r.num.param)));
     }
+    // Under cp the whole sequence's tables are made and this rank's rows taken (Llama::forward_layers).
+    const T cos_all = r.cp > 1 ? t.data(m.seq_len * m.head_dim(), h.elem) : T(), sin_all = r.cp > 1 ? t.data(m.seq_len * m.head_dim(), h.elem) : T();
     const T cos = t.data(S * m.head_dim(), h.elem), sin = t.data(S * m.head_dim(), h.elem);
-    const T mask = m.attention == "sdpa" ? T() : t.data(S * S, h.elem);
+    const T mask = m.attention == "sdpa" || r.cp > 1 ? T() : t.data(S * S, h.elem);
     for (auto i = static_cast<size_t>(first); i < static_cast<size_t>(last); ++i) {
       const auto& b = blocks[i];
       const LlamaBlockParams p{b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8]};

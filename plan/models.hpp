@@ -40,6 +40,13 @@ struct Replay {
   // residuals on S / tp of the tokens.
   int64_t tp = 1;
   bool sequence_parallel = false;
+  // Context parallelism (suites/parallel/context_parallel.hpp, decoders): this rank's S / cp tokens
+  // through every token-local operator, attention across the shards by cp_method (ring | allgather) on
+  // head-tail (cp_balance) or contiguous shards.
+  int64_t cp = 1;
+  std::string cp_method = "allgather";
+  bool cp_balance = true;
+  int64_t local_seq() const { return model.seq_len / cp; }
   // Pipeline parallelism (suites/parallel/pipeline.cpp, decoders): the layers of this rank's stages
   // ([first, last) each; empty: every layer), whose parameters it keeps (the others' are dropped: empty),
   // and the layers one forward runs, from the embedding (first 0) or a received hidden state, to a
@@ -71,6 +78,11 @@ ParamLayout param_layout(const Replay& r);
 // Families the replay covers (an empty string) or why not; with the replay, the layouts too.
 std::string replay_unsupported(const ModelShape& m);
 std::string replay_unsupported(const Replay& r);
+
+// Context parallelism's attention over one layer for `batch` sequences on this rank (Replay::cp > 1):
+// the busiest rank's causal query-key pairs (balanced: S (S + 1) / 2 / W each; contiguous: the last
+// rank's) as the fused causal kernel's cost over sqrt(2 pairs) tokens.
+OpCost cp_attention_layer_cost(const Replay& r, int64_t batch);
 
 // Runs forward + loss; returns the loss (or, for a pipeline stage before the last, its hidden states).
 // `params` are the model's parameters in param_layout order, made by the caller (strategies shard them);

@@ -42,22 +42,26 @@ int checkpoint_preference(const std::string& p) {
   return 4;
 }
 
-// How the reasoning names a layout: "zero3", "zero3 x tp8", "zero3 x tp8 x pp16 (interleaved-1f1b)".
-std::string layout_label(const std::string& parallel, int64_t tp, int64_t pp, const std::string& schedule) {
+// How the reasoning names a layout: "zero3", "zero3 x tp8", "zero3 x tp8 x pp16 (interleaved-1f1b)",
+// "zero3 x cp4 (ring) x tp8".
+std::string layout_label(const std::string& parallel, int64_t tp, int64_t pp, const std::string& schedule, int64_t cp = 1,
+                         const std::string& cp_method = "") {
   std::string out = parallel;
+  if (cp > 1) out += " x cp" + std::to_string(cp) + " (" + cp_method + ")";
   if (tp > 1) out += " x tp" + std::to_string(tp);
   if (pp > 1) out += " x pp" + std::to_string(pp) + " (" + schedule + ")";
   return out;
 }
 
 // A layout the search tries: the data-parallel shorthand, the degrees, sequence parallelism with tp,
-// the pipeline schedule with pp.
+// the pipeline schedule with pp, the attention's method with cp.
 struct LayoutChoice {
   std::string parallel;
   ParallelLayout layout;
   bool sequence_parallel = false;
-  std::string schedule;  // pp > 1: gpipe | 1f1b | interleaved-1f1b | zb-1p
-  std::string label() const { return layout_label(parallel, layout.tp, layout.pp, schedule); }
+  std::string schedule;   // pp > 1: gpipe | 1f1b | interleaved-1f1b | zb-1p
+  std::string cp_method;  // cp > 1: allgather | ring
+  std::string label() const { return layout_label(parallel, layout.tp, layout.pp, schedule, layout.cp, cp_method); }
 };
 std::string label_of(const json& cand) { return cand["label"]; }
 
@@ -104,6 +108,18 @@ std::vector<int64_t> pp_degrees(const PlanRequest& r, int64_t ranks) {
   return out;
 }
 
+// Context-parallel degrees for the ranks tp and pp leave: 1, and at sequences longer than 8K tokens (where
+// attention's memory and time come to dominate; Llama 3 trained 8K without cp and 128K with cp 16) each
+// power of two that divides those ranks and cuts the sequence into 2 x cp equal chunks (core/layout.hpp).
+// `--set cp` fixes one.
+std::vector<int64_t> cp_degrees(const PlanRequest& r, int64_t ranks) {
+  if (auto f = r.fixed.find("cp"); f != r.fixed.end()) return {std::stoll(f->second)};
+  std::vector<int64_t> out = {1};
+  if (r.model.seq_len <= 8192) return out;
+  for (int64_t cp = 2; ranks % cp == 0 && r.model.seq_len % (2 * cp) == 0; cp *= 2) out.push_back(cp);
+  return out;
+}
+
 // The schedules searched with pp: 1F1B and interleaved 1F1B (two stages per rank) as torchtitan and
 // Megatron run them; GPipe (1F1B's bubble, every micro-batch in flight) and zb-1p (planned with torch's
 // split, I and W half a backward each, where this build's W walks the graph again) only when
@@ -123,29 +139,36 @@ std::vector<LayoutChoice> layouts(const PlanRequest& r) {
   const bool sp = setting(r, "sequence_parallel", "true") == "true";
   std::vector<LayoutChoice> out;
   for (int64_t tp : tp_degrees(r))
-    for (int64_t pp : pp_degrees(r, ranks / std::max<int64_t>(1, tp))) {
-      if (ranks % (tp * pp) != 0)
-        throw UsageError("plan: tp=" + std::to_string(tp) + " x pp=" + std::to_string(pp) + " does not divide " + std::to_string(ranks) + " rank(s)");
-      const int64_t dp = ranks / (tp * pp), node = r.cluster.gpus_per_node / std::max<int64_t>(1, tp);
+    for (int64_t pp : pp_degrees(r, ranks / std::max<int64_t>(1, tp)))
+      for (int64_t cp : cp_degrees(r, ranks / std::max<int64_t>(1, tp * pp))) {
+      if (ranks % (tp * pp * cp) != 0)
+        throw UsageError("plan: tp=" + std::to_string(tp) + " x pp=" + std::to_string(pp) + " x cp=" + std::to_string(cp) +
+                         " does not divide " + std::to_string(ranks) + " rank(s)");
+      if (cp > 1 && pp > 1) continue;  // not implemented together (core/layout.hpp: layout_unsupported)
+      const int64_t dp = ranks / (tp * pp * cp), node = r.cluster.gpus_per_node / std::max<int64_t>(1, tp * cp);
       std::vector<std::string> names = {"ddp", "zero1", "zero2", "zero3"};
       // hsdp: a node's ranks shard, the nodes replicate (with pp: when the data-parallel ranks span nodes).
-      if (r.cluster.nodes > 1 && (tp == 1 || node > 1) && dp > node && dp % node == 0) names.push_back("hsdp");
-      if (dp == 1) names = {"single"};
+      if (r.cluster.nodes > 1 && (tp * cp == 1 || node > 1) && dp > node && dp % node == 0) names.push_back("hsdp");
+      if (dp == 1) names = cp > 1 ? std::vector<std::string>{"ddp", "zero1", "zero2", "zero3"} : std::vector<std::string>{"single"};  // over cp's ranks
       if (auto f = r.fixed.find("parallel"); f != r.fixed.end()) {
         if (std::find(names.begin(), names.end(), f->second) == names.end()) continue;
         names = {f->second};
       }
+      std::vector<std::string> methods = {""};
+      if (cp > 1) methods = r.fixed.count("cp_method") ? std::vector<std::string>{r.fixed.at("cp_method")} : std::vector<std::string>{"allgather", "ring"};
       for (const auto& p : names)
-        for (const auto& schedule : pp_schedules(r, pp)) {
-          RunConfig c;
-          c.parallel = p;
-          c.world_size = ranks;
-          c.tp = tp;
-          c.pp = pp;
-          c.hsdp_shard_size = p == "hsdp" ? node : 0;
-          out.push_back({p, resolve_layout(c), tp > 1 && sp, schedule});
-        }
-    }
+        for (const auto& schedule : pp_schedules(r, pp))
+          for (const auto& method : methods) {
+            RunConfig c;
+            c.parallel = p;
+            c.world_size = ranks;
+            c.tp = tp;
+            c.pp = pp;
+            c.cp = cp;
+            c.hsdp_shard_size = p == "hsdp" ? node : 0;
+            out.push_back({p, resolve_layout(c), tp > 1 && sp, schedule, method});
+          }
+      }
   if (out.empty())
     throw UsageError("plan: parallel=" + r.fixed.at("parallel") + " does not match " + std::to_string(ranks) + " rank(s)" +
                      (r.fixed.count("tp") ? " with tp=" + r.fixed.at("tp") : ""));
@@ -267,6 +290,9 @@ void evaluate(const Context& x, const LayoutChoice& lc, json& cand) {
   s.replay.cuda = d.gpu;
   s.replay.tp = lc.layout.tp;
   s.replay.sequence_parallel = lc.sequence_parallel;
+  s.replay.cp = lc.layout.cp;
+  if (lc.layout.cp > 1) s.replay.cp_method = lc.cp_method;
+  s.replay.cp_balance = setting(r, "cp_balance", "true") == "true";
   s.layout = lc.layout;
   s.reshard_after_forward = setting(r, "reshard_after_forward", "true");
   s.resident_data_bytes = 0;
@@ -327,14 +353,15 @@ json search(const Context& x, const Grid& g, int64_t& searched) {
       for (const auto& ckpt : g.checkpoints)
         for (const auto& attn : g.attentions) {
           std::string too_big;
-          const int64_t seqs = x.seqs_per_rank * lc.layout.tp * lc.layout.pp;
+          const int64_t seqs = x.seqs_per_rank * lc.layout.tp * lc.layout.pp * lc.layout.cp;
           for (int64_t b : micro_batches(g, seqs, x.r.fixed.count("batch_size") > 0)) {
             ++searched;
             json cand = {{"precision", prec},          {"parallel", lc.parallel}, {"layout", lc.layout.to_json()},
-                         {"sharding", lc.layout.strategy()}, {"checkpoint", ckpt}, {"attention", attn},
+                         {"sharding", fold_context(lc.layout).strategy()}, {"checkpoint", ckpt}, {"attention", attn},
                          {"micro_batch", b},            {"accumulation", seqs / b}};
             cand["label"] = lc.label();
             if (lc.layout.tp > 1) cand["sequence_parallel"] = lc.sequence_parallel;
+            if (lc.layout.cp > 1) cand["cp_method"] = lc.cp_method;
             if (const std::string& note = precision_traits(prec).caveat; !note.empty()) cand["note"] = note;
             if (!too_big.empty()) {
               cand["fits"] = false;
@@ -458,6 +485,17 @@ json recommendation(const Context& x, const json& candidates, const json& reject
     why.push_back("tp " + std::to_string(tp) + " splits every layer's weights" + (sp ? " and, with sequence parallelism, its activations" : "") +
                   " " + std::to_string(tp) + " ways; its collectives take " + format_seconds(tp_s) + " of the step, exposed, on " + level +
                   " links");
+  }
+  // Why its cp: the sequence per rank and what its transfers cost, hidden or not.
+  if (const int64_t cp = best["layout"]["cp"]; cp > 1) {
+    double sent = 0, exposed = 0;
+    std::string level;
+    for (const auto& c : best["time"]["collectives"])
+      if (c.value("dimension", "") == "cp") sent += c["seconds"].get<double>(), exposed += c["exposed_s"].get<double>(), level = c.value("level", "");
+    why.push_back("cp " + std::to_string(cp) + " (" + best["cp_method"].get<std::string>() + ") gives each rank " +
+                  with_thousands(r.model.seq_len / cp) + " of the " + with_thousands(r.model.seq_len) +
+                  " tokens, its activations cut " + std::to_string(cp) + " ways; its key/value transfers take " + format_seconds(sent) +
+                  " of the step on " + level + " links, " + format_seconds(exposed) + " of it exposed");
   }
   // Why its pipeline: the stages, the schedule's bubble and the transfers between stages.
   if (const int64_t pp = best["layout"]["pp"]; pp > 1) {

@@ -63,6 +63,9 @@ StepSetup step_setup(const RunConfig& c, bool cuda) {
   s.layout = resolve_layout(c);
   s.replay.tp = s.layout.tp;
   s.replay.sequence_parallel = c.sequence_parallel;
+  s.replay.cp = s.layout.cp;
+  s.replay.cp_method = c.cp_method;
+  s.replay.cp_balance = c.cp_balance;
   if (c.sp_regather) throw UsageError("sp_regather: the planner replays the gathered input kept for backward (DTensor's), not Megatron's re-gathering");
   s.schedule = resolve_pipeline(c, s.layout, s.replay.model);
   s.set_pp_rank(0);

@@ -14,12 +14,17 @@ namespace trainscope::plan {
 struct StepSetup {
   Replay replay;
   ParallelLayout layout;  // core/layout.hpp: what `trainscope run` resolves from the same configuration
-  std::string strategy() const { return layout.strategy(); }  // single | ddp | zero1 | zero2 | zero3 | hsdp
+  // The strategy runs over the data-parallel ranks with cp's folded in (core/layout.hpp: fold_context).
+  ParallelLayout strategy_layout() const { return fold_context(layout); }
+  std::string strategy() const { return strategy_layout().strategy(); }  // single | ddp | zero1 | zero2 | zero3 | hsdp
   int64_t world() const { return layout.world(); }
-  // The data-parallel group the strategy runs over (the world when there is no tp, pp or cp).
-  int64_t data_parallel() const { return layout.dp(); }
+  // The data-parallel group the strategy runs over (the world when there is no tp or pp).
+  int64_t data_parallel() const { return strategy_layout().dp(); }
   // The ranks one copy of the model state is sharded over: the dp_shard group, else the data-parallel group.
-  int64_t sharding() const { return layout.dp_shard > 1 ? layout.dp_shard : data_parallel(); }
+  int64_t sharding() const {
+    const ParallelLayout l = strategy_layout();
+    return l.dp_shard > 1 ? l.dp_shard : data_parallel();
+  }
   std::string optimizer = "adamw";
   double weight_decay = 0.0;
   bool prefetch = true;

@@ -131,6 +131,55 @@ void tensor_parallel_collectives(TimePrediction& t, const StepSetup& s, const De
                     "tensor parallelism's collectives sit between dependent operators (exposed)";
 }
 
+// Context parallelism's transfers over the cp group (suites/parallel/context_parallel.cpp), per
+// micro-batch and attention layer on W ranks of c tokens, K = this rank's keys and values (2 B Hkv c Dh
+// e bytes), G = their gradients' sums (the accumulation dtype): forward, W - 1 transfers of K; backward,
+// W - 1 of K and W of G (the last to its owner); a checkpointed layer's recomputation repeats the
+// forward's. The ring posts K before each block and waits after it: a transfer is exposed by what
+// outlasts the block (1 / W of the layer's attention, forward or backward); G is waited for right after
+// it is posted (exposed). The all-gather's K arrives in one blocking collective, forward and backward
+// (exposed). The group spans tp x cp consecutive ranks: inside a node or across nodes.
+void context_parallel_collectives(TimePrediction& t, const StepSetup& s, const DeviceProfile& d, const Cluster& c,
+                                  const std::string& dtype, int64_t accumulation) {
+  const Replay& r = s.replay;
+  const ModelShape& m = r.model;
+  const int64_t W = r.cp, L = r.held_layers(), again = recomputed_blocks(r.checkpoint, L);
+  const bool inter = W * r.tp > c.gpus_per_node && c.nodes > 1;
+  const int64_t batch = s.pipelined() ? r.batch / s.schedule.microbatches : r.batch;
+  const int64_t Hq = m.heads / r.tp, Hkv = m.kv_heads % r.tp == 0 ? m.kv_heads / r.tp : 1, Dh = m.head_dim(), cl = r.local_seq();
+  const double e = r.num.autocast ? r.num.low : r.num.param, a = std::max(4.0, e);
+  const double kv = 2.0 * static_cast<double>(batch * Hkv * cl * Dh) * e, g = kv / e * a;
+  const double kv_s = d.collective_seconds("all-gather", 2 * kv, 2, inter), g_s = d.collective_seconds("all-gather", 2 * g, 2, inter);
+  // This rank's attention per layer (plan/models.hpp: cp_attention_layer_cost), forward and backward.
+  const OpCost cost = cp_attention_layer_cost(r, batch);
+  double f_attn = 0, b_attn = 0;
+  if (d.attention.count(dtype)) {
+    std::tie(f_attn, b_attn) = d.attention_seconds(dtype, static_cast<double>(cost.batch / 2), static_cast<double>(cost.m), static_cast<double>(cost.k));
+  } else {
+    f_attn = d.gemm_seconds(dtype, static_cast<double>(cost.m), static_cast<double>(cost.n), static_cast<double>(cost.k), static_cast<double>(cost.batch));
+    b_attn = 2 * f_attn;
+  }
+  const double forwards = static_cast<double>((L + again) * accumulation), backwards = static_cast<double>(L * accumulation);
+  double sent_s = 0, exposed_s = 0;
+  if (r.cp_method == "ring") {
+    sent_s = forwards * (W - 1) * kv_s + backwards * ((W - 1) * kv_s + W * g_s);
+    exposed_s = forwards * (W - 1) * std::max(0.0, kv_s - f_attn / W) + backwards * ((W - 1) * std::max(0.0, kv_s - b_attn / W) + W * g_s);
+  } else {
+    const double gather = d.collective_seconds("all-gather", kv * W, W, inter);
+    sent_s = (forwards + backwards) * gather + backwards * W * g_s;
+    exposed_s = sent_s;
+  }
+  t.comm_s += sent_s;
+  t.exposed_comm_s += exposed_s;
+  t.collectives.push_back({{"op", r.cp_method == "ring" ? "send" : "all-gather"}, {"dimension", "cp"}, {"bytes", kv},
+                           {"seconds", sent_s}, {"exposed_s", exposed_s}, {"level", inter ? "inter-node" : "intra-node"},
+                           {"attention_s_per_layer", {{"forward", f_attn}, {"backward", b_attn}}}});
+  t.overlap_rule += std::string(t.overlap_rule.empty() ? "" : "; ") +
+                    (r.cp_method == "ring" ? "cp's ring hides each key/value transfer under one block (1/cp of the layer's attention); "
+                                             "the gradient sums are exposed"
+                                           : "cp's all-gathers and gradient sums are exposed");
+}
+
 // The pipeline's idle time: the schedule replayed (core/pipeline.hpp) with each stage's forward and
 // backward of one micro-batch taking this rank's share per stage (its compute with its exposed
 // tensor-parallel collectives), and each boundary tensor ([b, S, D] in the parameters' dtype, S / tp
@@ -348,6 +397,7 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
   }
   const double before_tp = t.exposed_comm_s;
   if (s.replay.tp > 1) tensor_parallel_collectives(t, s, d, c, accumulation);
+  if (s.replay.cp > 1) context_parallel_collectives(t, s, d, c, dtype, accumulation);
   if (s.schedule.ranks > 1) pipeline_bubble(t, s, d, c, t.exposed_comm_s - before_tp);
   t.step_s = t.compute_s + t.exposed_comm_s + t.bubble_s;
   // hsdp crosses nodes only with its gradient slices: it is bound by the level holding most of its

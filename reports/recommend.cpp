@@ -444,6 +444,23 @@ void exposed_comm(const json&, const json& c, json& out) {
                       {c["name"]}));
     return;
   }
+  const json cp = value_at(c, {"metrics", "timing", "context_parallel"});
+  if (cp.is_object()) {
+    // Context parallelism: the ring hides its transfers behind the blocks only when a rank's block
+    // computes longer than its keys and values travel; the all-gather hides none.
+    const bool ring = cp.value("method", "") == "ring";
+    out.push_back(rec("parallel.exposed-comm", "warn",
+                      model + "/" + c["layout"].value("name", strategy) + ": exposed communication is " + format_fixed(100 * f, 0) +
+                          "% of the step" + at_ranks(cfg) + ", cp's " + cp.value("method", std::string("?")) + " hiding " +
+                          format_fixed(100 * cp.value("hidden_fraction", 0.0), 0) + "% of its transfers: " +
+                          (ring ? "each rank's tokens compute too briefly to cover its keys' and values' transfer; fewer cp ranks "
+                                  "(more tokens each) or a faster link"
+                                : "the all-gather waits whole; cp_method = ring overlaps the transfers with the blocks"),
+                      {{"exposed_comm_fraction", f}, {"cp_hidden_fraction", cp["hidden_fraction"]}, {"cp_method", cp["method"]},
+                       {"threshold", kExposedWarn}},
+                      {c["name"]}));
+    return;
+  }
   const json tp_comm = value_at(c, {"metrics", "comm", "dimensions", "tp"});
   if (tp_comm.is_object()) {
     // Tensor parallelism's collectives wait for the GEMM before them: on the critical path by design.

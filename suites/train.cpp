@@ -213,6 +213,16 @@ Trainer::Trainer(const RunConfig& config, const std::string& device, Communicato
   } else {
     tensor_parallel::rng_tracker().reset();
   }
+  if (mesh_->layout().cp > 1) {
+    // The cp ranks of one data-parallel rank share its samples, each with its shard of the sequence.
+    ContextParallel cp;
+    cp.group = mesh_->group("cp");
+    cp.rank = mesh_->coordinate("cp");
+    cp.degree = mesh_->layout().cp;
+    cp.method = config.cp_method;
+    cp.balance = config.cp_balance;
+    model_->set_context_parallel(cp);
+  }
   setup_pipeline();
   ParamPolicy params;
   params.master = mode_.master;
@@ -275,6 +285,14 @@ RunInfo Trainer::info() const {
     r.pipeline_bubble_formula = replay.bubble();
     r.pipeline_in_flight_formula = replay.peak_in_flight.at(static_cast<size_t>(pp_rank_));
   }
+  if (const ContextParallel& cp = model_->context_parallel(); cp.active()) {
+    r.cp_method = cp.method;
+    r.cp_balance = cp.balance;
+    r.cp_ranks = cp.degree;
+    r.cp_rank = cp.rank;
+    r.cp_pairs_balanced = context_parallel::rank_pairs(preset_.seq_len, cp.degree, true);
+    r.cp_pairs_contiguous = context_parallel::rank_pairs(preset_.seq_len, cp.degree, false);
+  }
   return r;
 }
 
@@ -313,6 +331,10 @@ Batch Trainer::rank_batch(int64_t step, torch::Tensor* flips) {
     const int64_t slice = config_.inject == "same-data-seed" ? 0 : dp_rank_;
     b.input = b.input.narrow(0, slice * B, B);
     b.target = b.target.narrow(0, slice * B, B);
+  }
+  if (const ContextParallel& cp = model_->context_parallel(); cp.active()) {
+    b.input = context_parallel::shard(b.input, 1, cp);
+    b.target = context_parallel::shard(b.target, 1, cp);
   }
   if (config_.augment && b.input.dim() == 4) {
     *flips = torch::rand({B}, augment_gen_) < 0.5;
@@ -468,6 +490,11 @@ torch::Tensor Trainer::step(int64_t step, Hooks& hooks) {
   }
   if (scaler_) scaler_->update(si.grads_nonfinite);
   hooks.optimizer_end(si);
+  if (const ContextParallel& cp = model_->context_parallel(); cp.active()) {
+    const ContextStats& st = *cp.stats;
+    si.context = {st.attention_s, st.wait_s, st.transfer_s, st.bytes};
+    *cp.stats = {};
+  }
   si.loss = loss.detach();
   hooks.step_end(si);
   current_step_ = -1;

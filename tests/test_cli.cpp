@@ -33,7 +33,7 @@ TEST(Cli, BadArgumentsAreOneLineErrorsWithExit2) {
       {"run --set parallel=fsdp", "unknown parallel 'fsdp' (allowed: single, ddp, zero1, zero2, zero3, hsdp)"},
       {"run --nproc 0", "--nproc"},
       {"run --set steps", "--set expects key=value"},
-      {"run --suite no-such-suite", "unknown suite 'no-such-suite' (built-in: checkpointing, gate, hardware, llama, parallel, parity, pitfalls, precision, quick, ssl"},
+      {"run --suite no-such-suite", "unknown suite 'no-such-suite' (built-in: checkpointing, gate, hardware, llama, long-context, parallel, parity, pitfalls, precision, quick, ssl"},
       {"run --suite " + malformed, "malformed.toml:2:"},
       {"run --suite " + unknown_key, "base.batchsize: unknown key 'batchsize'"},
       {"run --filter 'nothing-matches-this'", "no cell of suite 'quick' matches"},

@@ -89,7 +89,7 @@ TEST(SuiteFile, ErrorsNameTheKeyAndTheAllowedValues) {
   EXPECT_NE(parse("[base]\nsteps=1\n").find("missing 'name'"), std::string::npos);
   // A TOML syntax error names the line and column.
   EXPECT_NE(parse("name = 'x'\n[base\n").find("bad.toml:2:"), std::string::npos);
-  EXPECT_NE(error_of([] { load_suite("no-such-suite"); }).find("built-in: checkpointing, gate, hardware, llama, parallel, parity, pitfalls, precision, quick, ssl"), std::string::npos);
+  EXPECT_NE(error_of([] { load_suite("no-such-suite"); }).find("built-in: checkpointing, gate, hardware, llama, long-context, parallel, parity, pitfalls, precision, quick, ssl"), std::string::npos);
 }
 
 TEST(SuiteFile, ExtraCellsBesideTheMatrix) {
@@ -371,7 +371,9 @@ TEST(Layout, TheConfigurationChecksIt) {
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"layout", "cp3"}}), "2 x cp equal chunks");
   EXPECT_EQ(RunConfig::from_json({{"model", "gpt-tiny"}, {"tp", 2}}).world_size, 2);
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "vit-tiny"}, {"tp", 2}}), "vit models have none");
-  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"cp", 2}}), "not implemented in this build yet");
+  EXPECT_EQ(RunConfig::from_json({{"model", "llama-tiny"}, {"cp", 2}}).world_size, 2);
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"cp", 2}, {"pp", 2}, {"batch_size", 4}}), "cp with pp (layout pp2-cp2)");
+  EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"cp", 2}, {"cp_method", "ulysses"}}), "ulysses");
   EXPECT_EQ(RunConfig::from_json({{"model", "llama-tiny"}, {"pp", 2}, {"tp", 2}, {"batch_size", 4}}).world_size, 4);
   EXPECT_THAT_ERROR(RunConfig::from_json({{"model", "llama-tiny"}, {"pp", 2}, {"dp_replicate", 2}}),
                     "pp with other dimensions than tp and dp_shard at zero3 (layout pp2-dp_replicate2)");

@@ -521,7 +521,7 @@ TEST(Parallel, BadLayoutsAreOneLineErrors) {
            {"--set pp=2 --set pp_microbatches=3", "pp_microbatches 3 does not divide batch_size"},
            {"--set pp=2 --set pp_schedule=interleaved-1f1b", "4 pipeline stages (pp 2 x pp_virtual 2) are more than the 2 layers"},
            {"--set pp=2 --set dp_shard=2 --set world_size=4 --set pp_schedule=zb-1p", "zb-1p's split backward walks the graph twice"},
-           {"--set cp=2", "cp (layout cp2) is not implemented"}}) {
+           {"--set cp=2 --set pp=2", "cp with pp (layout pp2-cp2) is not implemented"}}) {
     const Result r = ts("run --suite quick --filter gpt-tiny/32-true --nproc 4 --out " + tmp("bad-layout") + " " + sets);
     EXPECT_EQ(r.code, 2) << sets << "\n" << r.out;
     EXPECT_NE(r.out.find(says), std::string::npos) << sets << "\n" << r.out;

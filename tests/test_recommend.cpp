@@ -440,10 +440,17 @@ std::vector<RuleCase> parallel_cases() {
        [] {
          json zero3 = rank_cell("zero3", 2, 0.15, 500e6, 0.5);
          zero3["config"]["prefetch"] = false;
-         return make_report(env(), json::object(), {single(), rank_cell("ddp", 2, 0.12, 1600e6, 0.26), zero3});
+         json cp = rank_cell("ddp", 2, 0.15, 500e6, 0.4);  // cp 2: its gradients averaged as ddp's
+         cp["name"] = "gpt-tiny/cp2";
+         cp["layout"]["name"] = "cp2";
+         cp["metrics"]["timing"]["context_parallel"] = {{"method", "allgather"}, {"hidden_fraction", 0.0}};
+         return make_report(env(), json::object(), {single(), rank_cell("ddp", 2, 0.12, 1600e6, 0.26), zero3, cp});
        },
        [](const std::vector<json>& f) {
-         ASSERT_EQ(f.size(), 2u);
+         ASSERT_EQ(f.size(), 3u);
+         EXPECT_EQ(f[2]["evidence"]["cp_method"], "allgather");
+         EXPECT_EQ(text_of(f[2]), "gpt-tiny/cp2: exposed communication is 40% of the step at 2 ranks, cp's allgather hiding 0% of "
+                                  "its transfers: the all-gather waits whole; cp_method = ring overlaps the transfers with the blocks");
          EXPECT_EQ(f[0]["severity"], "warn");
          EXPECT_DOUBLE_EQ(number(f[0], "/exposed_comm_fraction"), 0.26);
          EXPECT_DOUBLE_EQ(number(f[0], "/threshold"), 0.25);

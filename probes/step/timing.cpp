@@ -1,5 +1,6 @@
 #include "probes/step/timing.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 #include <torch/torch.h>
@@ -142,6 +143,7 @@ json throughput_windows(const std::vector<double>& ends, int64_t samples_per_ste
 
 void TimingProbe::step_end(const StepInfo& s) {
   if (!s.measured) return;
+  if (info_.cp_ranks > 1) context_.push_back(s.context);
   step_ends_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
   clock_->mark(4);
   clock_->finish_step();
@@ -176,6 +178,38 @@ json TimingProbe::pipeline_section() const {
           {"p2p_bytes_per_step", bytes}};
 }
 
+// This rank's context-parallel attention: its time, the transfers' time and how much of it the blocks'
+// computation hid (1 - blocked / transfer; the all-gather blocks, so it hides none), the bytes it sent,
+// and each rank's causal query-key pairs with and without balancing (imbalance: the largest over the mean).
+json TimingProbe::context_section() const {
+  std::vector<double> attention, wait, transfer;
+  int64_t bytes = 0;
+  for (const auto& c : context_) {
+    attention.push_back(c.attention_s);
+    wait.push_back(c.wait_s);
+    transfer.push_back(c.transfer_s);
+    bytes = c.bytes;
+  }
+  const auto median = [](const std::vector<double>& v) { return v.empty() ? 0.0 : summarize(v).p50; };
+  const auto imbalance = [](const std::vector<double>& pairs) {
+    double top = 0, sum = 0;
+    for (double p : pairs) top = std::max(top, p), sum += p;
+    return sum > 0 ? top * static_cast<double>(pairs.size()) / sum : 0.0;
+  };
+  const double t = median(transfer);
+  return {{"method", info_.cp_method},
+          {"balance", info_.cp_balance},
+          {"ranks", info_.cp_ranks},
+          {"rank", info_.cp_rank},
+          {"attention_s", median(attention)},
+          {"transfer_s", t},
+          {"exposed_s", median(wait)},
+          {"hidden_fraction", t > 0 ? std::max(0.0, 1.0 - median(wait) / t) : 0.0},
+          {"bytes_sent_per_step", bytes},
+          {"pairs_per_rank", {{"balanced", info_.cp_pairs_balanced}, {"contiguous", info_.cp_pairs_contiguous}}},
+          {"imbalance", {{"balanced", imbalance(info_.cp_pairs_balanced)}, {"contiguous", imbalance(info_.cp_pairs_contiguous)}}}};
+}
+
 json TimingProbe::section() const {
   std::vector<double> step, fwd, bwd, opt;
   for (const auto& d : steps_) {
@@ -194,6 +228,7 @@ json TimingProbe::section() const {
   j["samples_s"] = {{"step", step}, {"forward", fwd}, {"backward", bwd}, {"optimizer", opt}};
   j["clock"] = clock_ ? clock_->kind() : "none";
   if (!info_.pipeline_schedule.empty()) j["pipeline"] = pipeline_section();
+  if (info_.cp_ranks > 1) j["context_parallel"] = context_section();
   // Global throughput: every data-parallel rank steps in lockstep on its own slice of the global batch,
   // which the model-parallel ranks of that slice share (each device's share: 1/model_parallel of it).
   // FLOP/s are global too; MFU divides by the peak of all the devices (the per-device peak x ranks).

@@ -58,6 +58,8 @@ class TimingProbe : public Probe {
   int64_t samples_per_step_ = 0;
   std::vector<StepInfo::Pipeline> pipeline_;  // per measured step, when a pipeline schedule ran it
   json pipeline_section() const;
+  std::vector<StepInfo::Context> context_;  // per measured step, under context parallelism
+  json context_section() const;
 };
 
 // Throughput per window of `window_s` seconds of the measured steps (step ends binned by host time):

@@ -81,12 +81,17 @@ json read_hardware(const std::vector<std::string>& paths) {
   return merged;
 }
 
-// `--set pp=N` a positive whole number, `--set pp_schedule` a schedule's name (one line otherwise).
-void check_pipeline_axes(const std::map<std::string, std::string>& fixed) {
-  if (const auto f = fixed.find("pp"); f != fixed.end()) {
-    const json v = parse_value(f->second);
-    if (!v.is_number_integer() || v.get<int64_t>() < 1) throw UsageError("plan: --set pp=" + f->second + ": expected a whole number of stages >= 1");
-  }
+// `--set pp=N` and `--set cp=N` positive whole numbers, `--set pp_schedule` a schedule's name,
+// `--set cp_method` ring or allgather (one line otherwise).
+void check_layout_axes(const std::map<std::string, std::string>& fixed) {
+  for (const char* dim : {"pp", "cp"})
+    if (const auto f = fixed.find(dim); f != fixed.end()) {
+      const json v = parse_value(f->second);
+      if (!v.is_number_integer() || v.get<int64_t>() < 1)
+        throw UsageError("plan: --set " + std::string(dim) + "=" + f->second + ": expected a whole number >= 1");
+    }
+  if (const auto f = fixed.find("cp_method"); f != fixed.end() && f->second != "ring" && f->second != "allgather")
+    throw UsageError("plan: --set cp_method=" + f->second + ": expected ring or allgather");
   const std::vector<std::string>& names = pipeline::schedule_names();
   if (const auto f = fixed.find("pp_schedule"); f != fixed.end() && std::find(names.begin(), names.end(), f->second) == names.end())
     throw UsageError("plan: --set pp_schedule=" + f->second + ": expected gpipe, 1f1b, interleaved-1f1b or zb-1p");
@@ -125,7 +130,8 @@ int plan_command(const PlanArgs& a) {
   }
   // The model: a preset (or a family) with dimension keys, as the suites take them.
   static const std::set<std::string> axes = {"precision", "parallel", "checkpoint", "attention", "batch_size", "reduce_dtype",
-                                              "reshard_after_forward", "cross_entropy", "tp", "sequence_parallel", "pp", "pp_schedule"};
+                                              "reshard_after_forward", "cross_entropy", "tp", "sequence_parallel", "pp", "pp_schedule",
+                                              "cp", "cp_method", "cp_balance"};
   json cfg = {{"model", a.model}};
   plan::PlanRequest r;
   for (const auto& [k, v] : a.sets) {
@@ -146,11 +152,10 @@ int plan_command(const PlanArgs& a) {
   // Validate the fixed axes with the run configuration's own checks.
   json probe = cfg;
   for (const auto& [k, v] : r.fixed) probe[k] = parse_value(v);
-  // pp and its schedule are the search's own to check: a run configuration refuses pp beside other
-  // dimensions, which this build plans but does not train yet.
-  check_pipeline_axes(r.fixed);
-  probe.erase("pp");
-  probe.erase("pp_schedule");
+  // pp, cp and their settings are the search's own to check: a run configuration refuses pp beside
+  // other dimensions, which this build plans but does not train yet.
+  check_layout_axes(r.fixed);
+  for (const char* k : {"pp", "pp_schedule", "cp", "cp_method", "cp_balance"}) probe.erase(k);
   const int64_t tp = probe.contains("tp") && probe["tp"].is_number_integer() ? std::max<int64_t>(1, probe["tp"].get<int64_t>()) : 1;
   if (r.fixed.count("parallel") && r.fixed["parallel"] != "single") probe["world_size"] = 2 * tp;
   else if (tp > 1) probe["world_size"] = tp;

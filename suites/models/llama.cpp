@@ -141,9 +141,13 @@ class LlamaBlock : public nn::Module {
     const int64_t n_rep = (heads_ / tp_.degree) / (kv_split() ? kv_heads_ / tp_.degree : 1);
     const bool sdpa = sdpa_;
     std::string* backend = &backend_;
-    auto core = [k_embed, v, mask, scaling, n_rep, sdpa, backend, B, S](const torch::Tensor& query) {
+    const ContextParallel* cp = &cp_;
+    auto core = [k_embed, v, mask, scaling, n_rep, sdpa, backend, cp, B, S](const torch::Tensor& query) {
       torch::Tensor out;
-      if (sdpa) {
+      if (cp->active()) {  // this rank's queries against every cp rank's keys and values
+        *backend = "cp-" + cp->method;
+        out = context_parallel::attention(query, k_embed, v, scaling, *cp);
+      } else if (sdpa) {
         if (backend->empty()) *backend = sdpa_backend(query, k_embed, v, true, n_rep > 1);
         out = sac_attention(query, k_embed, v, /*causal=*/true, scaling, /*enable_gqa=*/n_rep > 1, 0.0, [&] {
           return at::scaled_dot_product_attention(query, k_embed, v, {}, 0.0, /*is_causal=*/true, scaling, /*enable_gqa=*/n_rep > 1);
@@ -177,6 +181,7 @@ class LlamaBlock : public nn::Module {
   }
   void set_policy(const CheckpointPolicy& p) { policy_ = p; }
   void set_tensor_parallel(const TensorParallel& tp) { tp_ = tp; }
+  void set_context_parallel(const ContextParallel& cp) { cp_ = cp; }
   // Key/value heads split over the tp ranks when tp divides them; otherwise each rank keeps the
   // projections whole and uses the one head its query heads read (Megatron replicates them so).
   bool kv_split() const { return kv_heads_ % tp_.degree == 0; }
@@ -194,6 +199,7 @@ class LlamaBlock : public nn::Module {
   std::string backend_;
   CheckpointPolicy policy_;
   TensorParallel tp_;
+  ContextParallel cp_;
   RmsNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
   nn::Linear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
   nn::Linear gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
@@ -217,10 +223,12 @@ class Llama : public DecoderModel {
     // The tokens, or a stage's hidden states: with sequence parallelism each tp rank's S / tp of them.
     const int64_t S = first > 0 && tp_.active() && tp_.sequence ? in.size(1) * tp_.degree : in.size(1);
     torch::Tensor h = first == 0 ? boundary("embed", tensor_parallel::vocab_embedding(in, embed_tokens_->weight, tp_)) : in;
-    const auto tables = rope_tables(inv_freq_, S, h.scalar_type(), in.device());
-    const torch::Tensor cos = tables.first, sin = tables.second;
+    // RoPE at the tokens' global positions: a cp shard takes its rows of the whole sequence's tables
+    // (computed whole, as the vectorised cos and sin round the same input alike only in the same place).
+    const auto tables = rope_tables(inv_freq_, S * cp_.degree, h.scalar_type(), in.device());
+    const torch::Tensor cos = context_parallel::shard(tables.first, 1, cp_), sin = context_parallel::shard(tables.second, 1, cp_);
     torch::Tensor mask;  // eager only
-    if (p_.attention != "sdpa") mask = causal_additive_mask(S, h.scalar_type(), in.device(), lowest_of(h.scalar_type()));
+    if (p_.attention != "sdpa" && !cp_.active()) mask = causal_additive_mask(S, h.scalar_type(), in.device(), lowest_of(h.scalar_type()));
     for (int64_t i = first; i < last; ++i) {
       auto& b = blocks_[static_cast<size_t>(i)];
       h = run_block(i, *b, [&b, cos, sin, mask](const torch::Tensor& x) { return b->forward(x, cos, sin, mask); }, h);
@@ -234,6 +242,10 @@ class Llama : public DecoderModel {
   }
 
   std::string tied_head() const override { return p_.tied ? "embed_tokens.weight" : ""; }
+  void set_context_parallel(const ContextParallel& cp) override {
+    cp_ = cp;
+    for (auto& b : blocks_) b->set_context_parallel(cp);
+  }
   // Column-parallel: q, k and v (by heads), gate, up, and the head and the embedding (by vocabulary);
   // row-parallel: o and down. Norms stay whole.
   void set_tensor_parallel(const TensorParallel& tp) override {

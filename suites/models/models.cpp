@@ -142,6 +142,10 @@ torch::Tensor ReferenceModel::loss_of(const torch::Tensor& logits, const Batch& 
   return cross_entropy(logits.reshape({-1, logits.size(-1)}), b.target.reshape({-1}), cross_entropy_);
 }
 
+void ReferenceModel::set_context_parallel(const ContextParallel&) {
+  throw UsageError("cp splits a decoder's sequence; this model has none");
+}
+
 void ReferenceModel::set_tensor_parallel(const TensorParallel&) {
   throw UsageError("tp splits a decoder's attention heads, MLP and vocabulary; this model has none");
 }
@@ -449,6 +453,10 @@ class Gpt : public DecoderModel {
     return boundary("head", tensor_parallel::column_parallel(normed, {tok_->weight}, {}, tp_, plain)[0]);
   }
   std::string tied_head() const override { return "tok_emb.weight"; }
+  void set_context_parallel(const ContextParallel& cp) override {
+    cp_ = cp;
+    for (auto& b : blocks_) b->set_context_parallel(cp);
+  }
   // Vocabulary-parallel token embedding, column-parallel blocks, the tied head on the vocabulary shard.
   void set_tensor_parallel(const TensorParallel& tp) override {
     std::map<std::string, tensor_parallel::Split> splits{{"tok_emb.weight", 0}};
@@ -482,14 +490,17 @@ class Gpt : public DecoderModel {
   // Tokens plus learned positions; under tp the vocabulary-parallel lookup (summed over the tp ranks,
   // or reduce-scattered to this rank's sequence shard) plus the positions of this rank's tokens, whose
   // table is whole on every rank (its gradient summed over the shards that used its rows).
+  // Under cp the positions are the global ones of this rank's tokens.
   torch::Tensor embed(const torch::Tensor& tokens) {
     const int64_t S = tokens.size(1);
     const auto longs = torch::TensorOptions().dtype(torch::kLong).device(tokens.device());
-    if (!tp_.active()) return tok_->forward(tokens) + pos_->forward(torch::arange(S, longs)).unsqueeze(0);
+    const torch::Tensor pos = cp_.active() ? context_parallel::positions(S * cp_.degree, cp_.rank, cp_.degree, cp_.balance).to(tokens.device())
+                                           : torch::arange(S, longs);
+    if (!tp_.active()) return tok_->forward(tokens) + pos_->forward(pos).unsqueeze(0);
     const torch::Tensor h = tensor_parallel::vocab_embedding(tokens, tok_->weight, tp_);
-    const int64_t first = tp_.sequence ? tp_.rank * h.size(1) : 0;
+    const torch::Tensor mine = tp_.sequence ? pos.narrow(0, tp_.rank * h.size(1), h.size(1)) : pos;
     const torch::Tensor table = tp_.sequence ? tensor_parallel::replicated(pos_->weight, tp_) : pos_->weight;
-    return h + torch::embedding(table, torch::arange(first, first + h.size(1), longs)).unsqueeze(0);
+    return h + torch::embedding(table, mine).unsqueeze(0);
   }
 
   nn::Embedding tok_{nullptr}, pos_{nullptr};
@@ -521,6 +532,10 @@ torch::Tensor TransformerBlock::forward(const torch::Tensor& x) {
   auto core = [this, B, S, H, D, Dh](const torch::Tensor& packed) {
     auto heads = packed.view({B, S, 3, H, Dh}).permute({2, 0, 3, 1, 4});
     auto q = heads[0], k = heads[1], v = heads[2];  // [B,H,S,Dh]
+    if (cp_.active()) {  // this rank's queries against every cp rank's keys and values (no dropout: refused)
+      backend_ = "cp-" + cp_.method;
+      return context_parallel::attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(Dh)), cp_).transpose(1, 2).reshape({B, S, D});
+    }
     if (sdpa_) {
       // One fused call: no S x S tensor is kept where the kernel avoids it (flash, memory-efficient).
       if (backend_.empty()) backend_ = sdpa_backend(q, k, v, causal_, false);

@@ -17,6 +17,7 @@
 
 #include "core/hooks.hpp"
 #include "core/model_shape.hpp"
+#include "suites/parallel/context_parallel.hpp"
 #include "suites/parallel/tensor_parallel.hpp"
 #include "suites/techniques/checkpoint.hpp"
 
@@ -118,6 +119,11 @@ class ReferenceModel : public torch::nn::Module {
   const TensorParallel& tensor_parallel() const { return tp_; }
   // How a parameter is split across the tp ranks (none: whole on every rank).
   std::optional<tensor_parallel::Split> tensor_parallel_split(const std::string& name) const;
+  // Context parallelism (suites/parallel/context_parallel.hpp): the model runs on this rank's tokens
+  // (the batch arrives sharded), at their global positions, its attention across the shards. UsageError
+  // for a model without a sequence.
+  virtual void set_context_parallel(const ContextParallel& cp);
+  const ContextParallel& context_parallel() const { return cp_; }
   // The whole model's parameters, whatever this rank holds of them (tp shards counted x tp).
   int64_t whole_parameter_count() const;
 
@@ -125,6 +131,7 @@ class ReferenceModel : public torch::nn::Module {
   // Replaces each named parameter's data with this rank's block of it.
   void shard_parameters(const std::map<std::string, tensor_parallel::Split>& splits, const TensorParallel& tp);
   TensorParallel tp_;
+  ContextParallel cp_;
   int64_t dropped_numel_ = 0;  // parameters a pipeline rank emptied (drop_parameters)
   torch::Tensor boundary(const std::string& block, torch::Tensor x) {
     return boundary_ ? boundary_(block, std::move(x)) : x;
@@ -195,6 +202,8 @@ class TransformerBlock : public torch::nn::Module {
   // heads) and units of fc column-parallel, proj and fc_proj row-parallel with their biases added
   // after the reduction; the norms whole (suites/parallel/tensor_parallel.hpp).
   void set_tensor_parallel(const TensorParallel& tp) { tp_ = tp; }
+  // GPT under context parallelism: the attention core across the sequence shards.
+  void set_context_parallel(const ContextParallel& cp) { cp_ = cp; }
   // The split of each of the block's parameters (by the name under the block).
   static std::map<std::string, tensor_parallel::Split> tensor_parallel_splits();
 
@@ -204,6 +213,7 @@ class TransformerBlock : public torch::nn::Module {
   torch::Tensor row_parallel(const torch::nn::Linear& layer, const torch::Tensor& x);
   torch::Tensor residual_dropout(const torch::Tensor& x);
   TensorParallel tp_;
+  ContextParallel cp_;
   int64_t d_, heads_;
   double dropout_;
   bool causal_, sdpa_;

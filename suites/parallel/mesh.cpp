@@ -1,10 +1,13 @@
 #include "suites/parallel/mesh.hpp"
 
+#include <algorithm>
+
 #include "core/errors.hpp"
 
 namespace trainscope::suites {
 
 Mesh::Mesh(Communicator* world, ParallelLayout layout) : world_(world), layout_(std::move(layout)), rank_(world ? world->rank() : 0) {
+  strategy_layout_ = fold_context(layout_);
   if (!world_) return;
   if (layout_.shard_by_host) {
     // hsdp without hsdp_shard_size: each node's ranks are one shard group.
@@ -42,25 +45,44 @@ Mesh::Mesh(Communicator* world, ParallelLayout layout) : world_(world), layout_(
     groups_[dim] = owned_[dim].get();
     owned_[dim]->set_dimension(dim);
   }
-  if (layout_.dp() == 1) return;
-  if (layout_.dp() == world_->world_size()) data_parallel_ = world_;
-  else if (layout_.dp_replicate == 1) data_parallel_ = group("dp_shard");
-  else if (layout_.dp_shard == 1) data_parallel_ = group("dp_replicate");
-  else {
-    // Both data-parallel dimensions under tp, pp or cp: one group over their product (created last, in
-    // the same place of every rank's set-up).
-    std::vector<int> ranks;
-    for (int r : members("dp_replicate")) {
-      const int64_t offset = r - rank_;
-      for (int s : members("dp_shard")) ranks.push_back(static_cast<int>(s + offset));
-    }
-    settle_hosts();
-    bool one_host = true;
-    for (int r : ranks) one_host = one_host && host_of_[r] == host_of_[ranks.front()];
-    owned_["dp"] = world_->split(ranks, "dp-" + std::to_string(ranks.front()), one_host ? "intra-node" : "inter-node");
-    data_parallel_ = owned_["dp"].get();
-    data_parallel_->set_dimension("dp");
+  // The strategy's groups (core/layout.hpp: fold_context), created last, in the same place of every
+  // rank's set-up.
+  strategy_layout_ = fold_context(layout_);
+  if (layout_.cp > 1) {
+    const std::string into = strategy_layout_.dp_shard != layout_.dp_shard ? "dp_shard" : "dp_replicate";
+    strategy_groups_[into] = group_over({into, "cp"}, into + "_cp");
   }
+  for (const char* dim : {"dp_replicate", "dp_shard"})
+    if (!strategy_groups_.count(dim)) strategy_groups_[dim] = group(dim);
+  if (strategy_layout_.dp() == 1) return;
+  if (layout_.cp == 1 && layout_.dp() == world_->world_size()) data_parallel_ = world_;
+  else if (strategy_layout_.dp_replicate == 1) data_parallel_ = strategy_groups_["dp_shard"];
+  else if (strategy_layout_.dp_shard == 1) data_parallel_ = strategy_groups_["dp_replicate"];
+  else data_parallel_ = group_over({"dp_replicate", "dp_shard", "cp"}, "dp");
+}
+
+Communicator* Mesh::group_over(const std::vector<std::string>& dims, const std::string& name) {
+  // The ranks that differ from this one in `dims` only, in rank order (dims in mesh order, outer first).
+  std::vector<int> ranks{rank_};
+  for (const auto& dim : dims) {
+    std::vector<int> next;
+    for (int r : ranks)
+      for (int m : members(dim)) next.push_back(r + (m - rank_));
+    ranks = next;
+  }
+  std::sort(ranks.begin(), ranks.end());
+  if (ranks.size() == 1) return nullptr;
+  settle_hosts();
+  bool one_host = true;
+  for (int r : ranks) one_host = one_host && host_of_[r] == host_of_[ranks.front()];
+  owned_[name] = world_->split(ranks, name + "-" + std::to_string(ranks.front()), one_host ? "intra-node" : "inter-node");
+  owned_[name]->set_dimension(name);
+  return owned_[name].get();
+}
+
+Communicator* Mesh::strategy_group(const std::string& dim) const {
+  const auto it = strategy_groups_.find(dim);
+  return it == strategy_groups_.end() ? nullptr : it->second;
 }
 
 void Mesh::settle_hosts() {

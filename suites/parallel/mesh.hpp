@@ -28,13 +28,20 @@ class Mesh {
   int64_t coordinate(const std::string& dim) const;
   // The world ranks of this rank's group in `dim`, in order of their coordinate.
   std::vector<int> members(const std::string& dim) const;
-  // The data-parallel group: the ranks that differ from this one in dp_replicate and dp_shard only (one
-  // copy of each model shard per rank of it; nullptr when there is one). The world when tp, pp and cp are 1.
+  // The data-parallel group: the ranks that differ from this one in dp_replicate, dp_shard and cp only
+  // (one copy of each model shard per rank of it; nullptr when there is one). The world when tp and pp are 1.
   Communicator* data_parallel() const { return data_parallel_; }
+  // The layout the data-parallel strategy runs (core/layout.hpp: fold_context) and its groups
+  // ("dp_shard", "dp_replicate", each with cp's ranks where cp folds into it).
+  const ParallelLayout& strategy_layout() const { return strategy_layout_; }
+  Communicator* strategy_group(const std::string& dim) const;
 
  private:
   int64_t stride(const std::string& dim) const;
   void settle_hosts();  // host_of_, once, when a group is smaller than the world
+  // A group of its own over the ranks that differ from this one in `dims` only (null when that is this
+  // one alone), created under `name`.
+  Communicator* group_over(const std::vector<std::string>& dims, const std::string& name);
   Communicator* world_;
   ParallelLayout layout_;
   int rank_ = 0;
@@ -42,6 +49,8 @@ class Mesh {
   std::map<std::string, std::unique_ptr<Communicator>> owned_;
   std::map<std::string, Communicator*> groups_;
   Communicator* data_parallel_ = nullptr;
+  ParallelLayout strategy_layout_;
+  std::map<std::string, Communicator*> strategy_groups_;
 };
 
 }  // namespace trainscope::suites

@@ -250,15 +250,17 @@ std::vector<torch::Tensor> ParallelStrategy::master_values() {
 }
 
 std::unique_ptr<ParallelStrategy> make_strategy(const Mesh& mesh, double bucket_mb, bool prefetch, const ParamPolicy& policy) {
-  const std::string s = mesh.layout().strategy();
   if (const std::string why = layout_unsupported(mesh.layout()); !why.empty()) throw UsageError(why);
+  const std::string s = mesh.strategy_layout().strategy();  // cp's ranks folded into the data-parallel ones
   const bool one = s == "single" || !mesh.world();
+  Communicator* replicate = one ? nullptr : mesh.strategy_group("dp_replicate");
   if (policy.master && (one || s == "ddp"))  // one process, or FSDP2's replicate: units without a shard group
-    return detail::make_fully_shard(one ? nullptr : mesh.data_parallel(), nullptr, one ? nullptr : mesh.group("dp_replicate"), prefetch, policy);
+    return detail::make_fully_shard(one ? nullptr : mesh.data_parallel(), nullptr, replicate, prefetch, policy);
   if (one) return std::make_unique<Single>();
-  if (s == "ddp") return detail::make_ddp(mesh.group("dp_replicate"), bucket_mb);
-  if (s == "zero1" || s == "zero2") return detail::make_zero12(mesh.group("dp_shard"), s == "zero1" ? 1 : 2, bucket_mb, policy);
-  return detail::make_fully_shard(mesh.data_parallel(), mesh.group("dp_shard"), mesh.group("dp_replicate"), prefetch, policy);
+  if (s == "ddp") return detail::make_ddp(replicate, bucket_mb);
+  Communicator* shard = mesh.strategy_group("dp_shard");
+  if (s == "zero1" || s == "zero2") return detail::make_zero12(shard, s == "zero1" ? 1 : 2, bucket_mb, policy);
+  return detail::make_fully_shard(mesh.data_parallel(), shard, replicate, prefetch, policy);
 }
 
 }  // namespace trainscope::suites

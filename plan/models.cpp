@@ -148,7 +148,7 @@ struct Net {
   // heads, its kernel gradients and their accumulation-dtype copies. The cost: cp_attention_layer_cost.
   T cp_attention(const T& q, const T& k, const T& v, int64_t B, int64_t Hq, int64_t Hkv, int64_t Dh) {
     const int e = q.elem, a = std::max(e, 4);
-    const int64_t W = r.cp, c = r.local_seq(), S = r.model.seq_len;
+    const int64_t W = r.cp, c = r.local_seq();
     const int64_t kv = B * Hkv * c * Dh * e, qo = B * Hq * c * Dh, lse = B * Hq * c * a;
     const int64_t expanded = Hq == Hkv ? 0 : 2 * B * Hq * c * Dh * e;
     const int64_t held = r.cp_method == "allgather" ? 2 * kv * W + 2 * kv : 4 * kv;

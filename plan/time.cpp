@@ -146,7 +146,7 @@ void context_parallel_collectives(TimePrediction& t, const StepSetup& s, const D
   const int64_t W = r.cp, L = r.held_layers(), again = recomputed_blocks(r.checkpoint, L);
   const bool inter = W * r.tp > c.gpus_per_node && c.nodes > 1;
   const int64_t batch = s.pipelined() ? r.batch / s.schedule.microbatches : r.batch;
-  const int64_t Hq = m.heads / r.tp, Hkv = m.kv_heads % r.tp == 0 ? m.kv_heads / r.tp : 1, Dh = m.head_dim(), cl = r.local_seq();
+  const int64_t Hkv = m.kv_heads % r.tp == 0 ? m.kv_heads / r.tp : 1, Dh = m.head_dim(), cl = r.local_seq();
   const double e = r.num.autocast ? r.num.low : r.num.param, a = std::max(4.0, e);
   const double kv = 2.0 * static_cast<double>(batch * Hkv * cl * Dh) * e, g = kv / e * a;
   const double kv_s = d.collective_seconds("all-gather", 2 * kv, 2, inter), g_s = d.collective_seconds("all-gather", 2 * g, 2, inter);

@@ -29,7 +29,8 @@ def plan(binary, run):
            "--set", f"precision={run['precision']}", "--set", f"parallel={run['parallel']}",
            "--set", f"checkpoint={run['checkpoint']}", "--set", f"attention={run.get('attention', 'sdpa')}",
            "--set", f"batch_size={run['micro_batch']}"]
-    cmd += ["--set", f"tp={run.get('tp', 1)}", "--set", f"pp={run.get('pp', 1)}"]  # the search tries tp and pp; a published run fixes its own
+    # The search tries tp, pp and cp; a published run fixes its own.
+    cmd += ["--set", f"tp={run.get('tp', 1)}", "--set", f"pp={run.get('pp', 1)}", "--set", f"cp={run.get('cp', 1)}"]
     for key in ("reduce_dtype", "reshard_after_forward", "cross_entropy", "sequence_parallel"):
         if key in run:
             cmd += ["--set", f"{key}={run[key]}"]

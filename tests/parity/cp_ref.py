@@ -49,7 +49,11 @@ def run(rank, store, inputs, prefix):
                 dout, "grad_out", q, k, v, out, lse, is_causal=True, scale=scale)[:3]
             name = ("balanced" if balance else "contiguous") + "-" + rotation
             torch.save({"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}, f"{prefix}.{name}.rank{rank}.pt")
+    dist.barrier()  # neither rank tears the group down while the other still uses it
     dist.destroy_process_group()
+    # Past this point the outputs are written: leave without the interpreter's teardown, where Gloo's
+    # threads have aborted a rank ("terminate called without an active exception") under load.
+    os._exit(0)
 
 
 def main():

@@ -18,9 +18,9 @@
 // work; without it, the r-th contiguous W-th, and rank W-1 does W blocks where rank 0 does one.
 // The block kernel is LibTorch's CPU flash op (_scaled_dot_product_flash_attention_for_cpu, which
 // returns the log-sum-exp, and its backward); grouped-query keys and values travel with their own heads
-// and are expanded (HF's repeat_kv) per block, their gradients folded back in fp32.
+// and are expanded (HF's repeat_kv) per block, their gradients folded back in fp32 at least.
 // `emulate` computes the same blocks, merges and sums in one process for W virtual ranks: the ranks'
-// forward and backward are bit for bit its (tests/test_parallel.cpp).
+// forward and backward are bit for bit its, and torch's templates' (tests/test_context_parallel.cpp).
 #include <cstdint>
 #include <memory>
 #include <string>

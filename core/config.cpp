@@ -487,6 +487,11 @@ RunConfig RunConfig::from_json(const json& j) {
     if (c.sp_regather && (!precision_traits(c.precision).autocast.empty() || c.checkpoint == "selective-op"))
       throw UsageError("sp_regather = true runs its GEMMs itself: not under autocast (" + c.precision +
                        ") or selective-op checkpointing in this build");
+    // The blocks run LibTorch's CPU flash kernel (suites/parallel/context_parallel.hpp); `auto` on a GPU
+    // machine is refused when the first attention runs, on that rank, the cell failed with this line.
+    if (layout.cp > 1 && c.device.rfind("cuda", 0) == 0)
+      throw UsageError("cp's attention runs LibTorch's CPU flash kernel in this build; its CUDA kernels are not wired yet (device = " +
+                       c.device + ")");
     // The ring's blocks and the gathered keys run a flash kernel without dropout of its own.
     if (layout.cp > 1 && c.dropout > 0)
       throw UsageError("cp's attention blocks run without dropout in this build: set dropout = 0 (it is " + std::to_string(c.dropout) + ")");

@@ -170,6 +170,21 @@ ParallelLayout fold_context(const ParallelLayout& l) {
   return f;
 }
 
+std::vector<double> context_parallel_pairs(int64_t S, int64_t cp, bool balance) {
+  const auto chunk = [](double h, double first) { return h * first + h * (h + 1) / 2; };
+  std::vector<double> out;
+  for (int64_t r = 0; r < cp; ++r) {
+    if (!balance) {
+      const double c = static_cast<double>(S / cp);
+      out.push_back(chunk(c, static_cast<double>(r) * c));
+    } else {
+      const double h = static_cast<double>(S / (2 * cp));
+      out.push_back(chunk(h, static_cast<double>(r) * h) + chunk(h, static_cast<double>(2 * cp - 1 - r) * h));
+    }
+  }
+  return out;
+}
+
 bool pipelines_with(const ParallelLayout& l) {
   return l.cp == 1 && l.dp_replicate == 1 && (l.dp_shard == 1 || l.sharding == "zero3");
 }

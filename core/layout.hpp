@@ -63,6 +63,12 @@ void check_layout_fits(const ParallelLayout& l, const ModelShape& m);
 // dp_replicate; cp 1 in the result. The layout itself without cp.
 ParallelLayout fold_context(const ParallelLayout& l);
 
+// The causal query-key pairs each of `cp` ranks' attention computes for a sequence of S (a multiple of
+// 2 x cp): with `balance` rank r's tokens are chunks r and 2cp-1-r of 2cp (head-tail), else the r-th
+// contiguous cp-th; a chunk of h tokens from position p0 has h p0 + h (h + 1) / 2 pairs. The imbalance the
+// report shows and the busiest rank's attention the planner costs (suites/parallel/context_parallel.hpp).
+std::vector<double> context_parallel_pairs(int64_t S, int64_t cp, bool balance);
+
 // Whether this build runs micro-batches (a pipeline, or accumulation) beside the layout's other
 // dimensions: alone, with tp, with dp_shard at zero3 (FSDP inside each stage), or both.
 bool pipelines_with(const ParallelLayout& l);

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/errors.hpp"
+#include "core/layout.hpp"
 #include "core/precision.hpp"
 
 namespace trainscope::plan {
@@ -495,8 +496,8 @@ ParamLayout param_layout(const Replay& r) {
 
 OpCost cp_attention_layer_cost(const Replay& r, int64_t batch) {
   const ModelShape& m = r.model;
-  const double W = static_cast<double>(r.cp), S = static_cast<double>(m.seq_len), c = S / W;
-  const double pairs = r.cp_balance ? S * (S + 1) / 2 / W : c * (W - 1) * c + c * (c + 1) / 2;
+  const std::vector<double> ranks = context_parallel_pairs(m.seq_len, r.cp, r.cp_balance);
+  const double pairs = *std::max_element(ranks.begin(), ranks.end());
   return attention_cost(static_cast<int64_t>(std::llround(std::sqrt(2 * pairs))), m.head_dim(), batch * (m.heads / r.tp));
 }
 

@@ -80,8 +80,8 @@ std::string replay_unsupported(const ModelShape& m);
 std::string replay_unsupported(const Replay& r);
 
 // Context parallelism's attention over one layer for `batch` sequences on this rank (Replay::cp > 1):
-// the busiest rank's causal query-key pairs (balanced: S (S + 1) / 2 / W each; contiguous: the last
-// rank's) as the fused causal kernel's cost over sqrt(2 pairs) tokens.
+// the busiest rank's causal query-key pairs (core/layout.hpp: context_parallel_pairs) as the fused
+// causal kernel's cost over sqrt(2 pairs) tokens.
 OpCost cp_attention_layer_cost(const Replay& r, int64_t batch);
 
 // Runs forward + loss; returns the loss (or, for a pipeline stage before the last, its hidden states).

@@ -290,8 +290,8 @@ RunInfo Trainer::info() const {
     r.cp_balance = cp.balance;
     r.cp_ranks = cp.degree;
     r.cp_rank = cp.rank;
-    r.cp_pairs_balanced = context_parallel::rank_pairs(preset_.seq_len, cp.degree, true);
-    r.cp_pairs_contiguous = context_parallel::rank_pairs(preset_.seq_len, cp.degree, false);
+    r.cp_pairs_balanced = context_parallel_pairs(preset_.seq_len, cp.degree, true);
+    r.cp_pairs_contiguous = context_parallel_pairs(preset_.seq_len, cp.degree, false);
   }
   return r;
 }

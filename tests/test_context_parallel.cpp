@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "cli_support.hpp"
+#include "core/layout.hpp"
 #include "suites/parallel/comm.hpp"
 #include "suites/parallel/context_parallel.hpp"
 #include "test_support.hpp"
@@ -104,7 +105,12 @@ TEST(ContextParallel, ShardsAreHeadTailAndBalanceTheCausalWork) {
   EXPECT_EQ(longs(cpar::positions(8, 1, 2, true)), (std::vector<int64_t>{2, 3, 4, 5}));
   EXPECT_EQ(longs(cpar::positions(8, 1, 2, false)), (std::vector<int64_t>{4, 5, 6, 7}));
   EXPECT_EQ(longs(cpar::positions(16, 3, 4, true)), (std::vector<int64_t>{6, 7, 8, 9}));
-  const std::vector<double> even = cpar::rank_pairs(64, 4, true), skewed = cpar::rank_pairs(64, 4, false);
+  const std::vector<double> even = context_parallel_pairs(64, 4, true), skewed = context_parallel_pairs(64, 4, false);
+  // The formula counts what the shards hold: each position p sees p + 1 keys.
+  for (int64_t r = 0; r < 4; ++r) {
+    EXPECT_EQ(even[r], (cpar::positions(64, r, 4, true) + 1).sum().item<double>()) << r;
+    EXPECT_EQ(skewed[r], (cpar::positions(64, r, 4, false) + 1).sum().item<double>()) << r;
+  }
   for (double p : even) EXPECT_EQ(p, even[0]);
   // Contiguous rank r of W holds c tokens after r c others: c (r c) + c (c + 1) / 2 pairs (c = 16).
   EXPECT_EQ(skewed[0], 16.0 * 17 / 2);
@@ -331,6 +337,7 @@ TEST(ContextParallel, BadSettingsAreOneLineErrors) {
   fails("cp = 2\ncp_method = \"ulysses\"\n", "ulysses");
   fails("cp = 2\npp = 2\n", "cp with pp");
   fails("cp = 2\nmodel = \"cp-gpt\"\ndropout = 0.1\n", "set dropout = 0");
+  fails("cp = 2\ndevice = \"cuda\"\n", "CUDA kernels are not wired yet");
 }
 
 // The long-context suite: one rank meets the budget at 1K tokens and ends oom at 2K and 4K; cp 2 trains

@@ -400,10 +400,4 @@ torch::Tensor emulate(const torch::Tensor& q, const torch::Tensor& k, const torc
   return CpAttention::apply(q, k, v, Setup{nullptr, degree, method, balance, scale});
 }
 
-std::vector<double> rank_pairs(int64_t S, int64_t degree, bool balance) {
-  std::vector<double> out;
-  for (int64_t r = 0; r < degree; ++r) out.push_back((positions(S, r, degree, balance) + 1).sum().item<double>());
-  return out;
-}
-
 }  // namespace trainscope::suites::context_parallel

@@ -67,9 +67,5 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
 torch::Tensor emulate(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double scale,
                       int64_t degree, const std::string& method, bool balance);
 
-// Query-key pairs each rank's attention computes in one forward (causal pairs only: what the ring's block
-// choice or the mask leaves), for a sequence of S: the imbalance the report shows.
-std::vector<double> rank_pairs(int64_t S, int64_t degree, bool balance);
-
 }  // namespace context_parallel
 }  // namespace trainscope::suites

@@ -94,8 +94,7 @@ const std::vector<KeySpec>& config_keys() {
       {"pp", KeyKind::Int, {}, 1, "layout: ranks the layers are split over as pipeline stages", 1},
       {"pp_schedule", KeyKind::Choice, {"gpipe", "1f1b", "interleaved-1f1b", "zb-1p"}, "1f1b",
        "pipeline schedule (core/pipeline.hpp): gpipe, 1f1b, interleaved-1f1b (pp_virtual stages per rank), zb-1p (1f1b with "
-       "the backward split into input and weight gradients, the weights' walking the graph a second time; not with dp_shard "
-       "or fp32 masters in this build)"},
+       "the backward split into input and weight gradients, torch's ScheduleInterleavedZeroBubble at any pp_virtual)"},
       {"pp_microbatches", KeyKind::Int, {}, 0,
        "micro-batches each data-parallel rank's batch is cut into, their gradients accumulated (also without pp); 0: 2 x pp "
        "with pp, else 1", 0},
@@ -506,9 +505,6 @@ RunConfig RunConfig::from_json(const json& j) {
     if (s.microbatches > 1 && !pipelines_with(layout))
       throw UsageError("pp_microbatches > 1 with other dimensions than tp and dp_shard at zero3 (layout " + layout.name() +
                        ") is not implemented in this build yet");
-    if (s.name == "zb-1p" && (layout.dp() > 1 || !precision_traits(c.precision).master.empty()))
-      throw UsageError("zb-1p's split backward walks the graph twice: not with full sharding's units (dp_shard, fp32 masters), "
-                       "whose backward reduces, in this build");
   }
   if (c.reduce_dtype != "fp32" && precision_traits(c.precision).master.empty())
     throw UsageError("reduce_dtype = " + c.reduce_dtype + " applies to precisions with fp32 masters (bf16-master), not " + c.precision);

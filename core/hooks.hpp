@@ -37,6 +37,7 @@ struct RunInfo {
   int64_t pipeline_ranks = 1, pipeline_stages_per_rank = 1, pipeline_microbatches = 1;
   double pipeline_bubble_formula = 0;
   int64_t pipeline_in_flight_formula = 0;
+  std::string pipeline_actions;  // this rank's, in torch's notation (core/pipeline.hpp: format_actions)
   // Context parallelism (suites/parallel/context_parallel.hpp; cp_ranks 1: none): the method, whether the
   // shards are head-tail balanced, and the causal query-key pairs each cp rank's attention computes in
   // one forward with the balanced shards and with contiguous ones (the imbalance either would have).

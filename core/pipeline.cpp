@@ -101,22 +101,38 @@ double cost(Op op, const Costs& c) {
   return 0;
 }
 
-// zb-1p (Qi et al. 2023, ZB-H1): 1F1B with each backward split into I and W, rank r running the W of
-// micro-batch k after the I of micro-batch k + r, the last ones at the end. The later ranks pass input
-// gradients back sooner and the earlier ones fill their waits with weight gradients: on equal F, I and W
-// times the bubble is (p-1)/3m, a third of 1F1B's, and every rank holds at most p micro-batches (1F1B's
-// first stage) until their W.
-std::vector<Action> zero_bubble(int64_t r, int64_t p, int64_t m) {
+// zb-1p (Qi et al. 2023's ZB-H1; torch's ScheduleInterleavedZeroBubble, "ZB1P", whose table this is):
+// 1F1B with each backward split into I and W. Rank r first runs (v-1) rounds of forwards plus p-1-r,
+// then in turn a forward, an I and, from its (r+1)-th I on, the W of its oldest I; the last Ws at the end.
+// Micro-batches go through the v stages of a rank in rounds of m / max(1, m/p). The later ranks pass
+// input gradients back sooner and the earlier ones fill their waits with weight gradients: on equal F, I
+// and W times the bubble is (p-1)/3vm, a third of (interleaved) 1F1B's, and every rank holds at most pv
+// micro-batch stages (p stages' worth, 1F1B's first stage) until their W.
+std::vector<Action> zero_bubble(int64_t r, int64_t p, int64_t m, int64_t v) {
+  const int64_t per_round = m / std::max<int64_t>(1, m / p), total = v * m;
+  const int64_t warmup = std::min(total, (v - 1) * per_round + p - 1 - r);
+  const auto forward_stage = [&](int64_t k) { return (k / per_round) % v * p + r; };
+  const auto backward_stage = [&](int64_t k) { return (v - 1 - (k - warmup) / per_round % v) * p + r; };
+  std::map<int64_t, int64_t> next_f, next_i, next_w;  // per stage, its next micro-batch
+  std::vector<int64_t> backwards;                      // the k of each I, in order: whose W comes next
   std::vector<Action> out;
-  const int64_t warmup = std::min(m, p - r);
-  int64_t f = 0, w = 0;
-  while (f < warmup) out.push_back({r, Op::Forward, f++});
-  for (int64_t i = 0; i < m; ++i) {
-    out.push_back({r, Op::BackwardInput, i});
-    if (i - w >= r) out.push_back({r, Op::BackwardWeight, w++});
-    if (f < m) out.push_back({r, Op::Forward, f++});
+  size_t w = 0;
+  const auto push_weight = [&] {
+    const int64_t s = backward_stage(backwards[w++]);
+    out.push_back({s, Op::BackwardWeight, next_w[s]++});
+  };
+  for (int64_t k = 0; k < total + warmup; ++k) {
+    if (k < total) {
+      const int64_t s = forward_stage(k);
+      out.push_back({s, Op::Forward, next_f[s]++});
+    }
+    if (k < warmup) continue;
+    const int64_t s = backward_stage(k);
+    out.push_back({s, Op::BackwardInput, next_i[s]++});
+    backwards.push_back(k);
+    if (k - warmup >= r) push_weight();
   }
-  while (w < m) out.push_back({r, Op::BackwardWeight, w++});
+  while (w < backwards.size()) push_weight();
   return out;
 }
 
@@ -130,6 +146,13 @@ const char* op_name(Op op) {
     case Op::BackwardWeight: return "W";
   }
   return "?";
+}
+
+std::string format_actions(const std::vector<Action>& actions) {
+  std::string out;
+  for (const Action& a : actions)
+    out += (out.empty() ? "" : " ") + std::to_string(a.stage) + op_name(a.op) + std::to_string(a.microbatch);
+  return out;
 }
 
 const std::vector<std::string>& schedule_names() {
@@ -146,18 +169,17 @@ Schedule make_schedule(const std::string& name, int64_t p, int64_t m, int64_t v)
   if (std::find(schedule_names().begin(), schedule_names().end(), name) == schedule_names().end())
     throw UsageError("pp_schedule '" + name + "': expected gpipe, 1f1b, interleaved-1f1b or zb-1p");
   if (p < 1 || m < 1 || v < 1) throw UsageError("a pipeline needs at least one rank, micro-batch and stage per rank");
-  if (name == "interleaved-1f1b") {
-    if (v < 2) throw UsageError("interleaved-1f1b runs several stages per rank: pp_virtual must be at least 2");
-    if (m % p != 0)
-      throw UsageError("interleaved-1f1b takes micro-batches in groups of pp: pp_microbatches " + n(m) + " is not a multiple of pp " + n(p));
-  } else if (v != 1) {
-    throw UsageError(name + " runs one stage per rank: pp_virtual " + n(v) + " needs interleaved-1f1b");
-  }
+  if (name == "interleaved-1f1b" && v < 2) throw UsageError("interleaved-1f1b runs several stages per rank: pp_virtual must be at least 2");
+  if (v > 1 && name != "interleaved-1f1b" && name != "zb-1p")
+    throw UsageError(name + " runs one stage per rank: pp_virtual " + n(v) + " needs interleaved-1f1b or zb-1p");
+  if (v > 1 && m % p != 0)
+    throw UsageError(name + " with several stages per rank takes micro-batches in groups of pp: pp_microbatches " + n(m) +
+                     " is not a multiple of pp " + n(p));
   Schedule s{name, p, v, m, {}, {}};
   for (int64_t r = 0; r < p; ++r)
     s.actions.push_back(name == "gpipe"  ? gpipe(r, m)
                         : name == "1f1b" ? one_f_one_b(r, p, m)
-                        : name == "zb-1p" ? zero_bubble(r, p, m)
+                        : name == "zb-1p" ? zero_bubble(r, p, m, v)
                                          : interleaved(r, p, m, v));
   return s;
 }

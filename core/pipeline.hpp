@@ -34,8 +34,12 @@ struct Schedule {
   int64_t rank_of(int64_t stage) const { return stage % ranks; }
 };
 
+// A rank's actions in torch.distributed.pipelining's notation (its _Action's repr): "0F0 0F1 0I0 0W0 ...".
+std::string format_actions(const std::vector<Action>& actions);
+
 // gpipe, 1f1b, interleaved-1f1b, zb-1p (1F1B with each backward split into I and W, the W deferred
-// into the bubbles: Qi et al. 2023's ZB-H1).
+// into the bubbles: Qi et al. 2023's ZB-H1, and with several stages per rank torch's
+// ScheduleInterleavedZeroBubble, whose table it is at any pp_virtual).
 const std::vector<std::string>& schedule_names();
 // Stages per rank the schedule runs: 2 for interleaved-1f1b unless given, 1 for the others.
 int64_t default_stages_per_rank(const std::string& name);
@@ -43,7 +47,8 @@ int64_t default_stages_per_rank(const std::string& name);
 // gpipe and 1f1b is (p-1)/2p < 1/2; interleaved-1f1b's count must be a multiple of p, which 2p is.
 int64_t default_microbatches(const std::string& name, int64_t ranks);
 // The schedule's table; UsageError (one line) when it cannot take the numbers: an unknown name, v != 1
-// for a single-stage schedule, interleaved with m not a multiple of p (Megatron's rule) or v < 2.
+// for a schedule of one stage per rank, v > 1 with m not a multiple of p (Megatron's rule), interleaved-1f1b
+// with v < 2.
 Schedule make_schedule(const std::string& name, int64_t ranks, int64_t microbatches, int64_t stages_per_rank);
 
 // The layers of each stage, [first, last): equal cuts when the stages divide the layers; otherwise each

@@ -60,6 +60,7 @@ struct LayoutChoice {
   ParallelLayout layout;
   bool sequence_parallel = false;
   std::string schedule;   // pp > 1: gpipe | 1f1b | interleaved-1f1b | zb-1p
+  int64_t stages_per_rank = 1;  // pp > 1: `--set pp_virtual`, else the schedule's default
   std::string cp_method;  // cp > 1: allgather | ring
   std::string label() const { return layout_label(parallel, layout.tp, layout.pp, schedule, layout.cp, cp_method); }
 };
@@ -121,9 +122,9 @@ std::vector<int64_t> cp_degrees(const PlanRequest& r, int64_t ranks) {
 }
 
 // The schedules searched with pp: 1F1B and interleaved 1F1B (two stages per rank) as torchtitan and
-// Megatron run them; GPipe (1F1B's bubble, every micro-batch in flight) and zb-1p (planned with torch's
-// split, I and W half a backward each, where this build's W walks the graph again) only when
-// `--set pp_schedule` names them.
+// Megatron run them; GPipe (1F1B's bubble, every micro-batch in flight) and zb-1p (I and W half a
+// backward each, a time split no GPU run has checked yet) only when `--set pp_schedule` names them;
+// `--set pp_virtual` gives the stages per rank (zb-1p interleaved).
 std::vector<std::string> pp_schedules(const PlanRequest& r, int64_t pp) {
   if (pp == 1) return {""};
   if (auto f = r.fixed.find("pp_schedule"); f != r.fixed.end()) return {f->second};
@@ -166,7 +167,9 @@ std::vector<LayoutChoice> layouts(const PlanRequest& r) {
             c.pp = pp;
             c.cp = cp;
             c.hsdp_shard_size = p == "hsdp" ? node : 0;
-            out.push_back({p, resolve_layout(c), tp > 1 && sp, schedule, method});
+            const auto v = r.fixed.find("pp_virtual");
+            const int64_t stages = pp == 1 ? 1 : v != r.fixed.end() ? std::stoll(v->second) : pipeline::default_stages_per_rank(schedule);
+            out.push_back({p, resolve_layout(c), tp > 1 && sp, schedule, stages, method});
           }
       }
   if (out.empty())
@@ -257,7 +260,7 @@ std::vector<RankPrediction> replay_ranks(StepSetup s) {
 
 // The data-parallel rank's batch (b x m sequences) cut into the schedule's m micro-batches.
 void set_pipeline(StepSetup& s, const LayoutChoice& lc, int64_t m, json& cand) {
-  s.schedule = pipeline::make_schedule(lc.schedule, lc.layout.pp, m, pipeline::default_stages_per_rank(lc.schedule));
+  s.schedule = pipeline::make_schedule(lc.schedule, lc.layout.pp, m, lc.stages_per_rank);
   s.replay.batch *= m;
   cand["pipeline"] = {{"schedule", lc.schedule}, {"stages_per_rank", s.schedule.stages_per_rank}, {"microbatches", m}};
 }
@@ -333,11 +336,11 @@ void evaluate(const Context& x, const LayoutChoice& lc, json& cand) {
   }
 }
 
-// Why the schedule cannot take `m` micro-batches ("" when it can): interleaved-1f1b runs them in groups of pp.
+// Why the schedule cannot take `m` micro-batches ("" when it can): several stages per rank run them in groups of pp.
 std::string schedule_unfit(const LayoutChoice& lc, int64_t m) {
   if (lc.layout.pp == 1) return "";
   try {
-    pipeline::make_schedule(lc.schedule, lc.layout.pp, m, pipeline::default_stages_per_rank(lc.schedule));
+    pipeline::make_schedule(lc.schedule, lc.layout.pp, m, lc.stages_per_rank);
   } catch (const UsageError& e) {
     return e.what();
   }

@@ -284,6 +284,7 @@ RunInfo Trainer::info() const {
     r.pipeline_microbatches = s.microbatches;
     r.pipeline_bubble_formula = replay.bubble();
     r.pipeline_in_flight_formula = replay.peak_in_flight.at(static_cast<size_t>(pp_rank_));
+    r.pipeline_actions = pipeline::format_actions(s.actions.at(static_cast<size_t>(pp_rank_)));
   }
   if (const ContextParallel& cp = model_->context_parallel(); cp.active()) {
     r.cp_method = cp.method;
@@ -621,12 +622,6 @@ torch::Tensor Trainer::run_pipeline(const Batch& batch, StepInfo& si, Hooks& hoo
   steps.boundary_like = [&, shards](const Batch& mb) {
     return torch::empty({mb.input.size(0), mb.input.size(1) / shards, preset_.width},
                         torch::TensorOptions().device(device_).dtype(mode_.param_dtype));
-  };
-  steps.weights = [&](int64_t first, int64_t last) {
-    std::vector<torch::Tensor> out;
-    for (const auto& item : model_->named_parameters())
-      if (model_->used_by_layers(item.key(), first, last)) out.push_back(item.value());
-    return out;
   };
   if (scaler_) si.loss_scale = scaler_->current_scale();
   strategy_->before_backward();

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "cli_support.hpp"
 #include "test_support.hpp"
 
 #include "core/devices.hpp"
@@ -427,6 +428,14 @@ TEST(Devices, AFileAddsADeviceAndBadFilesAreOneLine) {
   }
 }
 
+// Each schedule with its default stages per rank, and zb-1p interleaved (two per rank).
+static std::vector<std::pair<std::string, int64_t>> every_schedule() {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const std::string& name : trainscope::pipeline::schedule_names()) out.emplace_back(name, trainscope::pipeline::default_stages_per_rank(name));
+  out.emplace_back("zb-1p", 2);
+  return out;
+}
+
 // Pipeline schedules as data (core/pipeline.hpp), replayed on equal unit costs (F = 1, B = 2, or I = W =
 // 1) with free transfers: the bubbles of Narayanan et al. 2021, Section 2.2 ((p-1)/m; interleaved
 // (p-1)/vm) and Qi et al. 2023's ZB-H1 ((p-1)/3m) come out exactly (sums of small integers: exact in a
@@ -454,12 +463,46 @@ TEST(PipelineSchedule, ReplayGivesTheBubbleAndInFlightFormulas) {
         EXPECT_DOUBLE_EQ(inter.bubble(), pm / static_cast<double>(v)) << at << " v " << v;
         for (int64_t r = 0; r < p; ++r)  // chunks: Megatron's warm-up + 1
           EXPECT_EQ(inter.peak_in_flight[r], std::min(m * v, 2 * (p - 1 - r) + (v - 1) * p + 1)) << at << " v " << v << " rank " << r;
+        // Interleaved zero bubble: a third of interleaved 1F1B's bubble, p stages' worth (pv chunks) in
+        // flight on every rank until their W (the notes' replay of torch's table at p 4, m 8: 0.0625, 8).
+        const Replay zbv = replay(make_schedule("zb-1p", p, m, v), unit);
+        EXPECT_DOUBLE_EQ(zbv.bubble(), pm / static_cast<double>(3 * v)) << at << " v " << v;
+        for (int64_t r = 0; r < p; ++r) EXPECT_EQ(zbv.peak_in_flight[r], p * v) << at << " v " << v << " rank " << r;
       }
     }
   // A transfer between ranks delays each hop of gpipe's forward and backward waves (stage s runs
   // micro-batch i's forward at s(F + c) + iF): its makespan grows by 2(p-1) transfers.
   const Replay slow = replay(make_schedule("gpipe", 4, 8, 1), Costs{1, 1, 1, 0.5});
   EXPECT_DOUBLE_EQ(slow.makespan, replay(make_schedule("gpipe", 4, 8, 1), unit).makespan + 2 * 3 * 0.5);
+}
+
+// The multi-stage schedules are torch's own tables, action for action on every rank: interleaved-1f1b is
+// ScheduleInterleaved1F1B's, zb-1p ScheduleInterleavedZeroBubble's at one, two and four stages per rank
+// (tests/parity/schedule_tables.py builds torch's on mock stages, as its schedule visualiser does), with
+// micro-batches fewer than, equal to and several times the ranks.
+TEST(PipelineSchedule, TheInterleavedAndZeroBubbleTablesAreTorchs) {
+  using namespace trainscope::pipeline;
+  if (std::string(test::kTorchVenv).empty()) GTEST_SKIP() << "no project virtual environment (a LibTorch of your own)";
+  std::vector<std::tuple<std::string, int64_t, int64_t, int64_t>> specs;
+  for (int64_t p : {2, 4})
+    for (int64_t m : {p, 2 * p, 4 * p}) {
+      for (int64_t v : {1, 2, 4}) specs.emplace_back("zb-1p", p, m, v);
+      for (int64_t v : {2, 4}) specs.emplace_back("interleaved-1f1b", p, m, v);
+    }
+  specs.emplace_back("zb-1p", 4, 2, 1);  // fewer micro-batches than ranks
+  std::string args;
+  const auto key = [](const auto& t) {
+    return std::get<0>(t) + "/" + std::to_string(std::get<1>(t)) + "/" + std::to_string(std::get<2>(t)) + "/" + std::to_string(std::get<3>(t));
+  };
+  for (const auto& t : specs) args += " " + key(t);
+  const test::Result r = test::sh(std::string(test::kTorchVenv) + "/bin/python " + test::source_dir() + "/tests/parity/schedule_tables.py" + args);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json torch_tables = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  for (const auto& t : specs) {
+    const Schedule s = make_schedule(std::get<0>(t), std::get<1>(t), std::get<2>(t), std::get<3>(t));
+    for (int64_t rank = 0; rank < s.ranks; ++rank)
+      EXPECT_EQ(format_actions(s.actions[rank]), torch_tables.at(key(t)).at(rank).get<std::string>()) << key(t) << " rank " << rank;
+  }
 }
 
 // A send's buffer goes once the table shows its receiver has it. 1F1B on 2 ranks, 4 micro-batches:
@@ -473,8 +516,8 @@ TEST(PipelineSchedule, SendsAreReleasedOnceReceived) {
   const Schedule s = make_schedule("1f1b", 2, 4, 1);
   EXPECT_EQ(send_release(s)[0], (std::vector<int64_t>{2, 4, -1, 6, -1, 7, -1, -1}));
   EXPECT_EQ(send_release(s)[1], (std::vector<int64_t>{-1, 4, -1, 6, -1, 8, -1, 8}));
-  for (const std::string& name : schedule_names()) {
-    const int64_t p = 4, v = default_stages_per_rank(name), m = default_microbatches(name, p);
+  for (const auto& [name, v] : every_schedule()) {
+    const int64_t p = 4, m = default_microbatches(name, p);
     const Schedule t = make_schedule(name, p, m, v);
     const std::vector<std::vector<int64_t>> release = send_release(t);
     for (const Costs& c : {Costs{1, 1, 1, 0}, Costs{1, 3, 2, 0.7}, Costs{2, 0.5, 0.5, 5}}) {
@@ -546,8 +589,8 @@ TEST(PipelineSchedule, StagesCutTheLayers) {
 // stage; a table out of order is a deadlock the replay names; numbers a schedule cannot take are one line.
 TEST(PipelineSchedule, TablesAreCompleteAndBadOnesAreCaught) {
   using namespace trainscope::pipeline;
-  for (const std::string& name : schedule_names()) {
-    const int64_t p = 4, v = default_stages_per_rank(name), m = default_microbatches(name, p);
+  for (const auto& [name, v] : every_schedule()) {
+    const int64_t p = 4, m = default_microbatches(name, p);
     const Schedule s = make_schedule(name, p, m, v);
     std::set<std::tuple<int64_t, int, int64_t>> seen;
     for (int64_t r = 0; r < p; ++r)
@@ -566,6 +609,7 @@ TEST(PipelineSchedule, TablesAreCompleteAndBadOnesAreCaught) {
     EXPECT_NE(std::string(e.what()).find("deadlocks: rank 0 at B0 of stage 0, rank 1 at B0 of stage 1"), std::string::npos) << e.what();
   }
   EXPECT_THAT_ERROR(make_schedule("interleaved-1f1b", 4, 6, 2), "pp_microbatches 6 is not a multiple of pp 4");
-  EXPECT_THAT_ERROR(make_schedule("1f1b", 2, 4, 2), "pp_virtual 2 needs interleaved-1f1b");
+  EXPECT_THAT_ERROR(make_schedule("1f1b", 2, 4, 2), "pp_virtual 2 needs interleaved-1f1b or zb-1p");
+  EXPECT_THAT_ERROR(make_schedule("zb-1p", 4, 6, 2), "zb-1p with several stages per rank takes micro-batches in groups of pp");
   EXPECT_THAT_ERROR(make_schedule("dualpipe", 2, 4, 1), "expected gpipe, 1f1b, interleaved-1f1b or zb-1p");
 }

@@ -383,6 +383,7 @@ world_size = 4
 // 2m = 8 fp64 terms reassociated per step, at most 8 x 2^-53 of the gradient's size, over 2 SGD steps of
 // lr 0.05 (atol 1e-12). With grad_clip the norm sums each stage's shards over dp_shard, then the stages
 // over pp, in fp64 like the one it is compared with. Both pipelines' ranks end with the same whole model.
+// zb-1p likewise (its W the sharded blocks' second backward).
 TEST(Parallel, PipelineWithFsdpEqualsFsdpAccumulatingTheMicroBatches) {
   const SuiteRun run = run_suite_text("pipeline-fsdp", R"(
 name = "pipeline-fsdp"
@@ -413,12 +414,30 @@ name = "3d/1f1b"
 tp = 2
 pp = 2
 world_size = 8
+[[cells]]
+name = "zb"
+pp = 2
+world_size = 4
+pp_schedule = "zb-1p"
+[[cells]]
+name = "bf16/1f1b"
+pp = 2
+world_size = 4
+precision = "bf16-master"
+[[cells]]
+name = "bf16/zb-full"
+pp = 2
+world_size = 4
+precision = "bf16-master"
+pp_schedule = "zb-1p"
+checkpoint = "full"
 )", "--nproc 8");
   ASSERT_EQ(run.result.code, 0) << run.result.out;
   // The clipped cells' norm: each stage's shards summed over dp_shard, then the stages over pp. The 3-D
   // cells (pp 2 x dp_shard 2 x tp 2 on 8 ranks) against dp_shard 2 x tp 2 accumulating on 4.
-  const std::map<std::string, std::string> against{{"1f1b", "accumulate"}, {"1f1b-full", "accumulate"},
-                                                   {"1f1b-clip", "accumulate-clip"}, {"3d_1f1b", "3d_accumulate"}};
+  const std::map<std::string, std::string> against{{"1f1b", "accumulate"},           {"1f1b-full", "accumulate"},
+                                                   {"1f1b-clip", "accumulate-clip"}, {"3d_1f1b", "3d_accumulate"},
+                                                   {"zb", "accumulate"}};
   for (const auto& [cell, reference] : against) {
     const auto one = load_params(run.out + "/cells/" + reference + ".rank0.params.pt");
     ASSERT_FALSE(one.empty());
@@ -432,6 +451,12 @@ world_size = 8
       EXPECT_TRUE(torch::equal(last[i], pp[i])) << cell << " rank 3 parameter " << i;
     }
   }
+  // zb-1p's W (the sharded blocks' second backward, then their deferred reduction) adds each micro-batch's
+  // gradients into the unsharded ones in 1f1b's order: under bf16 with fp32 masters, with a checkpointed
+  // block recomputed for I and again for W, the same bits as 1f1b.
+  const auto bf16 = load_params(run.out + "/cells/bf16_1f1b.rank0.params.pt"), bf16_zb = load_params(run.out + "/cells/bf16_zb-full.rank0.params.pt");
+  ASSERT_EQ(bf16.size(), bf16_zb.size());
+  for (size_t i = 0; i < bf16.size(); ++i) EXPECT_TRUE(torch::equal(bf16[i], bf16_zb[i])) << "bf16-master parameter " << i;
   EXPECT_EQ(cell_named(run.report, "1f1b")["layout"]["name"], "pp2-dp_shard2");
   EXPECT_EQ(cell_named(run.report, "3d/1f1b")["layout"]["name"], "pp2-dp_shard2-tp2");
   // The planner replays the stage's kept blocks and deferred reduction (plan/step.cpp: kept_unit_block):
@@ -441,13 +466,13 @@ world_size = 8
   const json rows = json::parse(check.out)["cells"];
   int planned = 0;
   for (const auto& row : rows) {
-    if (row["cell"].get<std::string>().find("1f1b") == std::string::npos) continue;
+    if (row["cell"].get<std::string>().find("1f1b") == std::string::npos && row["cell"].get<std::string>().find("zb") == std::string::npos) continue;
     ++planned;
     EXPECT_EQ(row["model_state_error"], 0.0) << row.dump();
     EXPECT_EQ(row.value("last_stage_model_state_error", -1.0), 0.0) << row.dump();  // rank 2 (3-D: 4), the first pipeline's last stage
     EXPECT_LE(std::fabs(row["peak_error"].get<double>()), 0.10) << row.dump();
   }
-  EXPECT_EQ(planned, 4);
+  EXPECT_EQ(planned, 7);
 }
 
 // Tensor parallelism inside each pipeline stage: pp 2 x tp 2 on 4 ranks against tp 2 alone accumulating
@@ -520,7 +545,6 @@ TEST(Parallel, BadLayoutsAreOneLineErrors) {
            {"--set pp=2 --set dp_replicate=2", "pp with other dimensions than tp and dp_shard at zero3 (layout pp2-dp_replicate2) is not implemented"},
            {"--set pp=2 --set pp_microbatches=3", "pp_microbatches 3 does not divide batch_size"},
            {"--set pp=2 --set pp_schedule=interleaved-1f1b", "4 pipeline stages (pp 2 x pp_virtual 2) are more than the 2 layers"},
-           {"--set pp=2 --set dp_shard=2 --set world_size=4 --set pp_schedule=zb-1p", "zb-1p's split backward walks the graph twice"},
            {"--set cp=2 --set pp=2", "cp with pp (layout pp2-cp2) is not implemented"}}) {
     const Result r = ts("run --suite quick --filter gpt-tiny/32-true --nproc 4 --out " + tmp("bad-layout") + " " + sets);
     EXPECT_EQ(r.code, 2) << sets << "\n" << r.out;
@@ -665,6 +689,9 @@ inject = "tp-same-dropout-seed"
 // (GPT) is the one exception: its two halves, the embedding's on rank 0 and the head's on rank 1, are
 // summed once per step rather than per micro-batch, a reassociation of 2m = 8 fp64 terms: at most
 // 8 x 2^-53 of the gradient's size per step (atol 1e-12 over these 3 SGD steps of lr 0.05).
+// zb-1p's split backward (I, then W from the nodes where the weights meet the input's path) runs the
+// same kernels on the same gradients, under every checkpoint policy (a checkpointed block recomputed once
+// for I and once for W, selective-op serving its kept outputs to both).
 // Each rank's measured in-flight peak equals the schedule's replay, and so does the bubble's formula.
 TEST(Parallel, PipelineSchedulesEqualOneProcessAccumulatingTheMicroBatches) {
   const SuiteRun run = run_suite_text("pipeline", R"(
@@ -697,6 +724,31 @@ name = "zb"
 pp = 2
 pp_schedule = "zb-1p"
 [[cells]]
+name = "zb-interleaved"
+pp = 2
+pp_schedule = "zb-1p"
+pp_virtual = 2
+[[cells]]
+name = "zb-full"
+pp = 2
+pp_schedule = "zb-1p"
+checkpoint = "full"
+[[cells]]
+name = "zb-selective-op"
+pp = 2
+pp_schedule = "zb-1p"
+pp_virtual = 2
+checkpoint = "selective-op"
+[[cells]]
+name = "bf16/1f1b"
+pp = 2
+precision = "bf16-master"
+[[cells]]
+name = "bf16/zb"
+pp = 2
+pp_schedule = "zb-1p"
+precision = "bf16-master"
+[[cells]]
 name = "gpt/accumulate"
 model = "gpt-tiny"
 batch_size = 4
@@ -726,22 +778,30 @@ grad_clip = 0.05
   };
   const auto one = load_params(run.out + "/cells/accumulate.params.pt");
   ASSERT_FALSE(one.empty());
-  for (const std::string cell : {"gpipe", "1f1b", "interleaved", "1f1b-full", "1f1b-split", "zb"}) {
+  for (const std::string cell : {"gpipe", "1f1b", "interleaved", "1f1b-full", "1f1b-split", "zb", "zb-interleaved", "zb-full", "zb-selective-op"}) {
     const auto pp = joined(cell);
     ASSERT_EQ(pp.size(), one.size()) << cell;
     for (size_t i = 0; i < one.size(); ++i)
       EXPECT_TRUE(torch::equal(pp[i], one[i])) << cell << " parameter " << i << ": max |diff| " << (pp[i] - one[i]).abs().max().item<double>();
     EXPECT_EQ(cell_named(run.report, cell)["metrics"]["quality"]["final_loss"], cell_named(run.report, "accumulate")["metrics"]["quality"]["final_loss"]) << cell;
   }
+  // fp32 masters on one rank per stage (each block's unit reduces its own gradient in backward): zb-1p's
+  // W takes it there, in 1f1b's order, the same bits.
+  const auto bf16 = joined("bf16_1f1b"), bf16_zb = joined("bf16_zb");
+  ASSERT_EQ(bf16.size(), bf16_zb.size());
+  for (size_t i = 0; i < bf16.size(); ++i) EXPECT_TRUE(torch::equal(bf16[i], bf16_zb[i])) << "bf16-master parameter " << i;
   const auto gpt_one = load_params(run.out + "/cells/gpt_accumulate-clip.params.pt");
   const auto gpt_pp = joined("gpt_1f1b");
   ASSERT_EQ(gpt_pp.size(), gpt_one.size());
   for (size_t i = 0; i < gpt_one.size(); ++i)
     EXPECT_TRUE(torch::allclose(gpt_pp[i], gpt_one[i], /*rtol=*/0, /*atol=*/1e-12)) << "gpt parameter " << i;
   // In flight on ranks 0 and 1 (p = 2, m = 4): gpipe m, 1f1b p - r, interleaved (v = 2) 2(p-1-r) + (v-1)p + 1
-  // chunks; bubbles (p-1)/m and (p-1)/vm. The bytes: every micro-batch's [2, 16, 32] fp64 hidden states
-  // (8 KiB) one way and their gradient back over each boundary a rank touches (1, or 3 interleaved).
-  const std::map<std::string, std::array<double, 5>> expect{{"gpipe", {4, 4, 0.25, 1}}, {"1f1b", {2, 1, 0.25, 1}}, {"interleaved", {5, 3, 0.125, 3}}};
+  // chunks, zb-1p pv until their W; bubbles (p-1)/m, (p-1)/vm and zb-1p's (p-1)/3vm. The bytes: every
+  // micro-batch's [2, 16, 32] fp64 hidden states (8 KiB) one way and their gradient back over each
+  // boundary a rank touches (1, or 3 with two stages per rank).
+  const std::map<std::string, std::array<double, 5>> expect{{"gpipe", {4, 4, 0.25, 1}},       {"1f1b", {2, 1, 0.25, 1}},
+                                                            {"interleaved", {5, 3, 0.125, 3}}, {"zb", {2, 2, 0.25 / 3, 1}},
+                                                            {"zb-interleaved", {4, 4, 0.125 / 3, 3}}};
   for (const auto& [cell, e] : expect)
     for (int r = 0; r < 2; ++r) {
       const json rank = read_json(run.out + "/cells/" + cell + ".rank" + std::to_string(r) + ".json");

@@ -62,9 +62,9 @@ json* Parity::report_ = nullptr;
 TEST_F(Parity, EveryRowPassesAndTheReportValidates) {
   ASSERT_EQ(result_->code, 0) << result_->out;
   ASSERT_TRUE(report_->contains("parity"));
-  EXPECT_EQ((*report_)["parity"]["cells"], 37);
+  EXPECT_EQ((*report_)["parity"]["cells"], 39);
   // Rows whose reference package is missing are skipped with the reason (none where the set-up ran).
-  EXPECT_EQ((*report_)["parity"]["pass"].get<int>() + (*report_)["parity"].value("skipped", 0), 37);
+  EXPECT_EQ((*report_)["parity"]["pass"].get<int>() + (*report_)["parity"].value("skipped", 0), 39);
   const Result v = validate_report(*out_ + "/report.json");
   EXPECT_EQ(v.code, 0) << v.out;
   std::ifstream md(*out_ + "/report.md");
@@ -529,22 +529,30 @@ TEST_F(Parity, TensorParallelMatchesDTensorAndTheEmulationBitForBit) {
 }
 
 // Pipeline parallelism against torch.distributed.pipelining's schedule of the same name on the same
-// stages (2 ranks, 4 micro-batches; interleaved with 2 stages per rank): the boundaries travel as exact
-// bits, both sides accumulate the micro-batches' gradients in the schedule's order and 1/4 is an exact
-// scaling whether of the loss (trainscope) or of the summed gradients (torch's scale_grads), so the
-// parameters and losses are equal bit for bit; and rank 0 holds as many micro-batch stages at once.
+// stages (2 ranks, 4 micro-batches; the interleaved ones with 2 stages per rank; zb-1p against
+// ScheduleInterleavedZeroBubble, its backward split into I and W): the boundaries travel as exact bits,
+// both sides accumulate the micro-batches' gradients in the schedule's order (zb-1p: its Ws') and 1/4 is
+// an exact scaling whether of the loss (trainscope) or of the summed gradients (torch's scale_grads), so
+// the parameters and losses are equal bit for bit; rank 0 runs torch's table action for action and holds
+// as many micro-batch stages at once.
 TEST_F(Parity, PipelineSchedulesMatchTorchPipeliningBitForBit) {
-  for (const char* cell : {"llama-tiny/pp2-gpipe", "llama-tiny/pp2-1f1b", "llama-tiny/pp2-interleaved"}) {
+  for (const char* cell : {"llama-tiny/pp2-gpipe", "llama-tiny/pp2-1f1b", "llama-tiny/pp2-interleaved", "llama-tiny/pp2-zb",
+                           "llama-tiny/pp2-zb-interleaved"}) {
     if (row(cell).value("verdict", "") == "skipped") GTEST_SKIP() << row(cell).value("reason", "");
     EXPECT_NE(row(cell).value("reference", "").find("torch.distributed.pipelining"), std::string::npos) << cell;
     EXPECT_EQ(check(cell, "parameters after 23 steps: torch.distributed.pipelining")["verdict"], "exact") << cell;
     EXPECT_EQ(check(cell, "loss at each of 23 steps: torch.distributed.pipelining")["verdict"], "exact") << cell;
     EXPECT_EQ(check(cell, "micro-batch stages in flight on rank 0")["verdict"], "exact") << cell;
+    EXPECT_EQ(check(cell, "rank 0's actions in order")["verdict"], "exact") << cell;
   }
-  // gpipe holds all 4 micro-batches, 1f1b p - r = 2, interleaved 2(p-1-r) + (v-1)p + 1 = 5 stage-micro-batches.
+  // gpipe holds all 4 micro-batches, 1f1b p - r = 2, interleaved 2(p-1-r) + (v-1)p + 1 = 5 stage-micro-batches,
+  // zb-1p p = 2 until their W, and pv = 4 with two stages per rank.
   EXPECT_EQ(check("llama-tiny/pp2-gpipe", "micro-batch stages in flight on rank 0")["pytorch"], 4);
   EXPECT_EQ(check("llama-tiny/pp2-1f1b", "micro-batch stages in flight on rank 0")["pytorch"], 2);
   EXPECT_EQ(check("llama-tiny/pp2-interleaved", "micro-batch stages in flight on rank 0")["pytorch"], 5);
+  EXPECT_EQ(check("llama-tiny/pp2-zb", "micro-batch stages in flight on rank 0")["pytorch"], 2);
+  EXPECT_EQ(check("llama-tiny/pp2-zb-interleaved", "micro-batch stages in flight on rank 0")["pytorch"], 4);
+  EXPECT_NE(check("llama-tiny/pp2-zb-interleaved", "rank 0's actions in order")["pytorch"].get<std::string>().find("2I0 2W0"), std::string::npos);
 }
 
 // DeepSpeed's stage 3 on HF's Llama is one ulp from trainscope (and from FSDP2, which agree bit for

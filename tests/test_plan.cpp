@@ -69,7 +69,7 @@ TEST(Plan, CheckPredictsEveryCellsMemoryOfAFreshRun) {
     measured_peak[c["cell"]] = c["measured"]["peak_bytes"].get<double>();
     ++compared;
   }
-  EXPECT_EQ(compared, 74);
+  EXPECT_EQ(compared, 75);
   // The step's peak is at the loss in both vocab-8192 cells (N = 4096 tokens, V = 8192): eager holds the
   // bf16 logits, their fp32 copy and the fp32 log-probabilities (N V 10 bytes); fused the logits and one
   // chunk's fp32 copy and exponentials (two chunks: N V 6 bytes). Measured, they differ by N V 4.
@@ -488,6 +488,18 @@ TEST(Plan, PipelineStagesTheLayersAcrossNodes) {
   ASSERT_EQ(g.code, 0) << g.out;
   const json gpipe = json::parse(g.out)["candidates"][0];
   EXPECT_GT(gpipe["memory"]["activation_bytes"].get<double>(), 4 * one["memory"]["activation_bytes"].get<double>());
+  // zb-1p with two stages per rank (--set pp_virtual): its table's bubble, (p-1)/3vm on equal F, I and W,
+  // is a third of interleaved-1f1b's; the replay's on this step's costs (a third of interleaving's
+  // bubble plus the transfers) stays below interleaving's; p stages' worth in flight, pv = 32 chunks.
+  const Result z = ts(base + " --set pp_schedule=zb-1p --set pp_virtual=2");
+  ASSERT_EQ(z.code, 0) << z.out;
+  const json zb = json::parse(z.out)["candidates"][0];
+  EXPECT_EQ(zb["pipeline"]["stages_per_rank"], 2);
+  EXPECT_LT(zb["time"]["bubble_s"].get<double>(), inter["time"]["bubble_s"].get<double>());
+  EXPECT_EQ(zb["time"]["pipeline"]["in_flight"][0], 32);
+  const Result bad = ts(base + " --set pp_schedule=1f1b --set pp_virtual=0");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--set pp_virtual=0: expected a whole number >= 1"), std::string::npos) << bad.out;
 }
 
 // Each pp rank keeps its stages' parameters: over the 16 ranks of a tp rank they add up to the model's

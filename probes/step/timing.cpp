@@ -175,7 +175,8 @@ json TimingProbe::pipeline_section() const {
           {"in_flight_microbatches", {{"measured", pipeline_.empty() ? json(nullptr) : json(peak)}, {"formula", info_.pipeline_in_flight_formula}}},
           {"wait_s", median(wait)},
           {"span_s", median(span)},
-          {"p2p_bytes_per_step", bytes}};
+          {"p2p_bytes_per_step", bytes},
+          {"actions", info_.pipeline_actions}};
 }
 
 // This rank's context-parallel attention: its time, the transfers' time and how much of it the blocks'

@@ -81,10 +81,10 @@ json read_hardware(const std::vector<std::string>& paths) {
   return merged;
 }
 
-// `--set pp=N` and `--set cp=N` positive whole numbers, `--set pp_schedule` a schedule's name,
+// `--set pp=N`, `--set pp_virtual=N` and `--set cp=N` positive whole numbers, `--set pp_schedule` a schedule's name,
 // `--set cp_method` ring or allgather (one line otherwise).
 void check_layout_axes(const std::map<std::string, std::string>& fixed) {
-  for (const char* dim : {"pp", "cp"})
+  for (const char* dim : {"pp", "pp_virtual", "cp"})
     if (const auto f = fixed.find(dim); f != fixed.end()) {
       const json v = parse_value(f->second);
       if (!v.is_number_integer() || v.get<int64_t>() < 1)
@@ -131,7 +131,7 @@ int plan_command(const PlanArgs& a) {
   // The model: a preset (or a family) with dimension keys, as the suites take them.
   static const std::set<std::string> axes = {"precision", "parallel", "checkpoint", "attention", "batch_size", "reduce_dtype",
                                               "reshard_after_forward", "cross_entropy", "tp", "sequence_parallel", "pp", "pp_schedule",
-                                              "cp", "cp_method", "cp_balance"};
+                                              "pp_virtual", "cp", "cp_method", "cp_balance"};
   json cfg = {{"model", a.model}};
   plan::PlanRequest r;
   for (const auto& [k, v] : a.sets) {
@@ -155,7 +155,7 @@ int plan_command(const PlanArgs& a) {
   // pp, cp and their settings are the search's own to check: a run configuration refuses pp beside
   // other dimensions, which this build plans but does not train yet.
   check_layout_axes(r.fixed);
-  for (const char* k : {"pp", "pp_schedule", "cp", "cp_method", "cp_balance"}) probe.erase(k);
+  for (const char* k : {"pp", "pp_schedule", "pp_virtual", "cp", "cp_method", "cp_balance"}) probe.erase(k);
   const int64_t tp = probe.contains("tp") && probe["tp"].is_number_integer() ? std::max<int64_t>(1, probe["tp"].get<int64_t>()) : 1;
   if (r.fixed.count("parallel") && r.fixed["parallel"] != "single") probe["world_size"] = 2 * tp;
   else if (tp > 1) probe["world_size"] = tp;

@@ -154,13 +154,18 @@ struct Zero3BlockFunction : public torch::autograd::Function<Zero3BlockFunction>
     Unit& unit = *call->unit;
     unit.gather();
     if (call->next_backward) call->next_backward->prefetch();
-    std::vector<torch::Tensor> wrt = unit.fp.params;
-    const bool input_grad = call->input.requires_grad();
+    // What this backward needs: the input's gradient and the shard's in one backward; a split one
+    // (pipelining's zero-bubble schedules) asks for the input's first (the block's graph kept, the
+    // parameters left gathered), then the shard's, which reduces.
+    const bool input_grad = call->input.requires_grad() && ctx->needs_input_grad(0), weights = ctx->needs_input_grad(1);
+    std::vector<torch::Tensor> wrt;
+    if (weights) wrt = unit.fp.params;
     if (input_grad) wrt.push_back(call->input);
-    auto grads = torch::autograd::grad({call->output}, wrt, {grad_out[0]}, /*retain_graph=*/false,
+    auto grads = torch::autograd::grad({call->output}, wrt, {grad_out[0]}, /*retain_graph=*/!weights,
                                        /*create_graph=*/false, /*allow_unused=*/true);
-    call->output = torch::Tensor();
     torch::Tensor input_g = input_grad ? grads.back() : torch::Tensor();
+    if (!weights) return {input_g, torch::Tensor(), torch::Tensor()};
+    call->output = torch::Tensor();
     grads.resize(unit.fp.params.size());
     if (call->defer) {  // kept gathered; reduced after the last micro-batch (Zero3::reduce_gradients)
       unit.accumulate(grads);

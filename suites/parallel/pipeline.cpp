@@ -2,8 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <map>
+#include <set>
 #include <stdexcept>
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 namespace trainscope::suites {
 namespace {
@@ -12,14 +18,104 @@ double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock:
 
 int64_t bytes_of(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
+using torch::autograd::Node;
+using NodeSet = std::set<Node*>;
+
+// The node a tensor's gradient flows into: its grad_fn, or a leaf's gradient accumulator.
+std::shared_ptr<Node> node_of(const torch::Tensor& t) {
+  return t.grad_fn() ? t.grad_fn() : torch::autograd::impl::grad_accumulator(t);
+}
+
+// The graph under a root, reversed: for each node, the nodes whose next edges lead to it (and who owns it).
+struct ReverseGraph {
+  std::map<Node*, std::vector<Node*>> into;
+  std::map<Node*, std::shared_ptr<Node>> owner;
+};
+ReverseGraph reverse_graph(const std::shared_ptr<Node>& root) {
+  ReverseGraph g;
+  g.owner[root.get()] = root;
+  std::deque<Node*> queue{root.get()};
+  while (!queue.empty()) {
+    Node* n = queue.front();
+    queue.pop_front();
+    for (const auto& e : n->next_edges()) {
+      if (!e.function) continue;
+      g.into[e.function.get()].push_back(n);
+      if (g.owner.emplace(e.function.get(), e.function).second) queue.push_back(e.function.get());
+    }
+  }
+  return g;
+}
+
+// Walking the reverse edges from `from` towards the root: the nodes passed, and those of `stop` met
+// (where the walk ends). torch's pipelining/_backward.py: reverse_closure.
+std::pair<NodeSet, NodeSet> reverse_closure(Node* from, const NodeSet& stop, const ReverseGraph& g) {
+  NodeSet closure{from}, met;
+  std::deque<Node*> queue{from};
+  while (!queue.empty()) {
+    Node* n = queue.front();
+    queue.pop_front();
+    const auto it = g.into.find(n);
+    if (it == g.into.end()) continue;
+    for (Node* up : it->second) {
+      if (closure.count(up)) continue;
+      if (stop.count(up)) {
+        met.insert(up);
+        continue;
+      }
+      closure.insert(up);
+      queue.push_back(up);
+    }
+  }
+  return {closure, met};
+}
+
+// Leaves joined when their meets overlap (torch's param groups: a checkpointed or sharded block's weights
+// all meet its one node): per group, its leaves and its meets (indices).
+std::vector<std::pair<std::vector<size_t>, std::set<size_t>>> leaf_groups(const std::vector<std::vector<size_t>>& meets_of) {
+  std::vector<size_t> parent(meets_of.size());
+  for (size_t i = 0; i < parent.size(); ++i) parent[i] = i;
+  const auto find = [&](size_t i) {
+    while (parent[i] != i) i = parent[i] = parent[parent[i]];
+    return i;
+  };
+  std::map<size_t, size_t> first_with;  // meet -> the first leaf that has it
+  for (size_t l = 0; l < meets_of.size(); ++l)
+    for (size_t m : meets_of[l])
+      if (auto [it, fresh] = first_with.emplace(m, l); !fresh) parent[find(l)] = find(it->second);
+  std::map<size_t, std::pair<std::vector<size_t>, std::set<size_t>>> groups;
+  for (size_t l = 0; l < meets_of.size(); ++l) {
+    auto& g = groups[find(l)];
+    g.first.push_back(l);
+    g.second.insert(meets_of[l].begin(), meets_of[l].end());
+  }
+  std::vector<std::pair<std::vector<size_t>, std::set<size_t>>> out;
+  for (auto& [root, g] : groups) out.push_back(std::move(g));
+  return out;
+}
+
+// Keeps the gradients flowing into a node the first time it runs (zb-1p's I), for W to start from.
+struct CaptureGradients : torch::autograd::FunctionPreHook {
+  explicit CaptureGradients(std::shared_ptr<std::vector<torch::Tensor>> into) : into(std::move(into)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    if (into->empty()) *into = grads;
+    return grads;
+  }
+  std::shared_ptr<std::vector<torch::Tensor>> into;
+};
+
 }  // namespace
 
 // What a (stage, micro-batch) keeps from its forward to its backward.
 struct Pipeline::Slot {
   torch::Tensor input;   // a leaf requiring its gradient (stages after the first), or the tokens
   torch::Tensor output;  // the hidden states sent on, or the loss
-  // A split backward (zb-1p) between its I and its W: where the weights' backward starts from.
+  // A split backward (zb-1p) between its I and its W: the root and the gradient it starts from, the nodes
+  // where the input's path meets the leaves' (with the gradients I passed into them), and the leaves in
+  // groups, each with its meets (indices into `meets`).
   torch::Tensor root, grad_out;
+  std::vector<std::pair<std::shared_ptr<Node>, std::shared_ptr<std::vector<torch::Tensor>>>> meets;
+  std::vector<std::pair<std::vector<std::shared_ptr<Node>>, std::set<size_t>>> groups;
 };
 
 std::vector<Batch> split_microbatches(const Batch& b, int64_t m) {
@@ -39,41 +135,96 @@ Pipeline::Pipeline(pipeline::Schedule schedule, Communicator* group, int64_t lay
   release_ = pipeline::send_release(schedule_);  // a table that would deadlock fails here, before any rank waits
 }
 
-// zb-1p's I: the gradient of the stage's input alone (the graph kept for W), sent back to the previous
-// stage; stage 0 has no input to differentiate and leaves everything to its W.
-void Pipeline::backward_input(const pipeline::Action& a, Slot& slot, const Steps& steps, int64_t release, double* waited) {
+// zb-1p's I: the gradient of the stage's input alone, sent back to the previous stage, or left in its slot
+// (`previous`) when this rank holds it. As torch's stage_backward_input: the graph is kept, and the
+// gradients flowing into the nodes where a weight's path meets the input's are kept for W, so that W
+// runs only the weights' part. Stage 0 has no input to differentiate and leaves everything to its W.
+void Pipeline::backward_input(const pipeline::Action& a, Slot& slot, Slot* previous, const Steps& steps, int64_t release, double* waited) {
   const int64_t last = schedule_.stages() - 1;
   if (a.stage == last) {
     slot.root = steps.objective(slot.output);
   } else {
     const int src = static_cast<int>(schedule_.rank_of(a.stage + 1));
     slot.root = slot.output;
-    slot.grad_out = receive(torch::empty_like(slot.output), src, tag(a.stage, a.microbatch, true), waited);
+    // From the next stage's I on this rank, which left it here (one rank, several stages), else received.
+    if (src != rank_) slot.grad_out = receive(torch::empty_like(slot.output), src, tag(a.stage, a.microbatch, true), waited);
   }
   if (a.stage == 0) return;
+  const std::vector<torch::autograd::FunctionPreHook*> hooks = capture_meets(slot);
   const std::vector<torch::Tensor> grad_out = slot.grad_out.defined() ? std::vector<torch::Tensor>{slot.grad_out} : std::vector<torch::Tensor>{};
   torch::Tensor g = torch::autograd::grad({slot.root}, {slot.input}, grad_out, /*retain_graph=*/true)[0].contiguous();
+  for (size_t i = 0; i < slot.meets.size(); ++i) {  // W runs these nodes again: captured once is enough
+    auto& pre = slot.meets[i].first->pre_hooks();
+    pre.erase(std::remove_if(pre.begin(), pre.end(), [&](const auto& h) { return h.get() == hooks[i]; }), pre.end());
+  }
+  if (previous) {
+    previous->grad_out = g;
+    return;
+  }
   const int dst = static_cast<int>(schedule_.rank_of(a.stage - 1));
   sends_.push_back({g, group_->send(g, dst, tag(a.stage - 1, a.microbatch, true)), release});
   stats_.p2p_bytes += bytes_of(g);
 }
 
-// zb-1p's W: the stage's weight gradients from the kept graph, added into .grad as AccumulateGrad does
-// (the first taken as it is, the later ones added in place). The graph is walked a second time (torch's
-// pipelining captures the intermediate gradients instead): the same values, a second backward's time.
-void Pipeline::backward_weight(const pipeline::Action& a, Slot& slot, const Steps& steps) {
-  const auto [first, last] = layers_of(a.stage);
-  std::vector<torch::Tensor> weights;
-  for (const torch::Tensor& p : steps.weights(first, last))
-    if (p.requires_grad() && p.numel() > 0) weights.push_back(p);
+// Finds where the stage's leaves (the weights, or the shards a sharded block takes its gradient into:
+// every gradient accumulator under the root but the input's) meet the input's path, as torch's
+// get_param_groups does: walking back from a leaf towards the root, the first nodes that also lead to the
+// input. Groups the leaves that share a meet and hooks each meet to keep what I passes into it.
+std::vector<torch::autograd::FunctionPreHook*> Pipeline::capture_meets(Slot& slot) const {
+  const ReverseGraph g = reverse_graph(node_of(slot.root));
+  Node* input = node_of(slot.input).get();
+  const NodeSet input_path = reverse_closure(input, {}, g).first;
+  std::vector<std::shared_ptr<Node>> leaves;
+  std::vector<std::vector<size_t>> meets_of;
+  std::map<Node*, size_t> index;
+  std::vector<torch::autograd::FunctionPreHook*> hooks;
+  for (const auto& [node, owner] : g.owner) {
+    if (node == input || !dynamic_cast<torch::autograd::AccumulateGrad*>(node)) continue;
+    leaves.push_back(owner);
+    std::vector<size_t>& mine = meets_of.emplace_back();
+    for (Node* meet : reverse_closure(node, input_path, g).second) {
+      auto [it, fresh] = index.emplace(meet, slot.meets.size());
+      mine.push_back(it->second);
+      if (!fresh) continue;
+      auto into = std::make_shared<std::vector<torch::Tensor>>();
+      auto hook = std::make_unique<CaptureGradients>(into);
+      hooks.push_back(hook.get());
+      meet->add_pre_hook(std::move(hook));
+      slot.meets.emplace_back(g.owner.at(meet), into);
+    }
+  }
+  for (auto& [members, meets] : leaf_groups(meets_of)) {
+    auto& group = slot.groups.emplace_back();
+    for (size_t l : members) group.first.push_back(leaves[l]);
+    group.second = std::move(meets);
+  }
+  return hooks;
+}
+
+// zb-1p's W: the stage's weight gradients, accumulated into the leaves as one backward does (their
+// AccumulateGrad nodes, or a sharded block's reduction). Per group of leaves, from its meets with the
+// gradients I passed into them (torch's stage_backward_weight): only the weights' part of the backward,
+// the same kernels on the same gradients as one backward; from one group's meets alone, since from every
+// meet at once one would pass its gradient into another again. The graph is kept until the slot goes.
+// The first stage (no input gradient) runs its whole backward here.
+void Pipeline::backward_weight(const pipeline::Action& a, Slot& slot) {
   const std::vector<torch::Tensor> grad_out = slot.grad_out.defined() ? std::vector<torch::Tensor>{slot.grad_out} : std::vector<torch::Tensor>{};
-  const auto grads = torch::autograd::grad({slot.root}, weights, grad_out, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
-  torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < weights.size(); ++i) {
-    if (!grads[i].defined()) continue;
-    torch::Tensor& g = weights[i].mutable_grad();
-    if (g.defined()) g.add_(grads[i]);
-    else g = grads[i].is_view() ? grads[i].clone() : grads[i];  // AccumulateGrad clones what it cannot steal
+  if (a.stage == 0) {
+    torch::autograd::backward({slot.root}, grad_out);
+    return;
+  }
+  for (const auto& [leaves, meets] : slot.groups) {
+    torch::autograd::edge_list roots, outputs;
+    std::vector<torch::Tensor> flowing;
+    for (size_t m : meets) {
+      const auto& [node, into] = slot.meets[m];
+      for (size_t k = 0; k < into->size(); ++k)
+        if ((*into)[k].defined()) roots.emplace_back(node, static_cast<uint32_t>(k)), flowing.push_back((*into)[k]);
+    }
+    if (roots.empty()) continue;
+    for (const auto& leaf : leaves) outputs.emplace_back(leaf, 0);
+    torch::autograd::Engine::get_default_engine().execute(roots, flowing, /*keep_graph=*/true, /*create_graph=*/false,
+                                                          /*accumulate_grad=*/true, outputs);
   }
 }
 
@@ -158,9 +309,10 @@ torch::Tensor Pipeline::run(const Batch& batch, const Steps& steps) {
       }
       stats_.peak_in_flight = std::max(stats_.peak_in_flight, ++held);
     } else if (a.op == pipeline::Op::BackwardInput) {
-      backward_input(a, slots.at({a.stage, a.microbatch}), steps, release[k], &waited);
+      const bool local = a.stage > 0 && sched.rank_of(a.stage - 1) == rank_;
+      backward_input(a, slots.at({a.stage, a.microbatch}), local ? &slots.at({a.stage - 1, a.microbatch}) : nullptr, steps, release[k], &waited);
     } else if (a.op == pipeline::Op::BackwardWeight) {
-      backward_weight(a, slots.at({a.stage, a.microbatch}), steps);
+      backward_weight(a, slots.at({a.stage, a.microbatch}));
       slots.erase({a.stage, a.microbatch});
       --held;
     } else {

@@ -11,6 +11,7 @@
 // the order the schedule runs the backwards, micro-batch by micro-batch, as one process accumulating
 // the same micro-batches in that order does.
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -43,9 +44,6 @@ class Pipeline {
     std::function<torch::Tensor(const torch::Tensor& loss)> objective;
     // An empty tensor of a stage boundary's shape and dtype for a micro-batch (what a receive fills).
     std::function<torch::Tensor(const Batch& mb)> boundary_like;
-    // The parameters layers [first, last) use (with the embedding, the norm and the head at the ends):
-    // what a split backward's W differentiates.
-    std::function<std::vector<torch::Tensor>(int64_t first, int64_t last)> weights;
   };
   // `group`: the pp communicator (null with one rank); `layers`: the model's, cut evenly into stages.
   Pipeline(pipeline::Schedule schedule, Communicator* group, int64_t layers);
@@ -65,8 +63,9 @@ class Pipeline {
  private:
   struct Slot;  // one (stage, micro-batch): its input, output and the transfers it posted
   torch::Tensor receive(torch::Tensor into, int src, int tag, double* waited);
-  void backward_input(const pipeline::Action& a, Slot& slot, const Steps& steps, int64_t release, double* waited);
-  void backward_weight(const pipeline::Action& a, Slot& slot, const Steps& steps);
+  void backward_input(const pipeline::Action& a, Slot& slot, Slot* previous, const Steps& steps, int64_t release, double* waited);
+  void backward_weight(const pipeline::Action& a, Slot& slot);
+  std::vector<torch::autograd::FunctionPreHook*> capture_meets(Slot& slot) const;
   int tag(int64_t stage, int64_t mb, bool backward) const;
 
   pipeline::Schedule schedule_;

@@ -262,20 +262,28 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       r->original = torch::Tensor();
     }
 
-    // Gradients for the input (if wanted) and every parameter, in the order of forward's arguments.
+    // Gradients for what this backward needs, of the input and the parameters in the order of forward's
+    // arguments: all of them in one backward; a split one (pipelining's zero-bubble schedules) asks for
+    // the input's first and the parameters' later, each pass recomputing the block.
+    const bool want_x = input_grad && ctx->needs_input_grad(0);
     std::vector<torch::Tensor> wrt;
-    if (input_grad) wrt.push_back(x);
-    for (const auto& p : params) wrt.push_back(p);
+    if (want_x) wrt.push_back(x);
+    bool later = false;  // a parameter's gradient is left for a later backward through this node
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (ctx->needs_input_grad(1 + i)) wrt.push_back(params[i]);
+      else later = later || params[i].requires_grad();
+    }
     torch::autograd::variable_list grads;
     if (!wrt.empty())
       grads = torch::autograd::grad({y}, wrt, {grad_out[0]}, /*retain_graph=*/false, /*create_graph=*/false,
                                     /*allow_unused=*/true);
-    // selective-op's kept outputs go now: this node lives as long as the step's graph does.
-    if (r->sac) r->sac->kept.clear();
+    // selective-op's kept outputs go after the last backward through this node (this node lives as long
+    // as the step's graph does).
+    if (r->sac && !later) r->sac->kept.clear();
     torch::autograd::variable_list out;
     size_t at = 0;
-    out.push_back(input_grad ? grads[at++] : torch::Tensor());
-    for (size_t i = 0; i < params.size(); ++i) out.push_back(grads[at++]);
+    out.push_back(want_x ? grads[at++] : torch::Tensor());
+    for (size_t i = 0; i < params.size(); ++i) out.push_back(ctx->needs_input_grad(1 + i) ? grads[at++] : torch::Tensor());
     out.push_back(torch::Tensor());  // the Recompute holder is no tensor
     return out;
   }

@@ -19,13 +19,18 @@ import torch.distributed as dist
 deepspeed = None  # imported on first use: every spawned rank of the other rows imports this module
 
 
+def set_environment():
+    """What DeepSpeed reads when it is imported: the CPU accelerator, and where the shared-memory op it
+    compiles at start-up was built into the environment by the set-up."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch-extensions"))
+
+
 def _load():
     """Imports DeepSpeed once; None when the package is missing (its rows are skipped, never a crash)."""
     global deepspeed
     if deepspeed is None:
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        # The shared-memory op DeepSpeed compiles at start-up was built into the environment by the set-up.
-        os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch-extensions"))
+        set_environment()
         try:
             import deepspeed as ds
             from deepspeed.utils import logger

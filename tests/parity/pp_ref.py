@@ -2,8 +2,10 @@
 the same stages, on pp Gloo ranks, trained on what the trainscope cell ran (reference.py's `row` for kind
 "pp").
 
-The cell: config pp (the world size), pp_schedule (gpipe, 1f1b, interleaved-1f1b), pp_virtual (interleaved:
-stages per rank, default 2), pp_microbatches (default 2 x pp). The stages cut the layers as
+The cell: config pp (the world size), pp_schedule (gpipe, 1f1b, interleaved-1f1b, zb-1p), pp_virtual (stages
+per rank; default 2 for interleaved-1f1b, else 1), pp_microbatches (default 2 x pp). zb-1p is torch's
+ScheduleInterleavedZeroBubble at any number of stages per rank (its table with one stage per rank is
+ZB-H1's), each backward split into the input's gradient (I) and the weights' (W). The stages cut the layers as
 suites/parallel/pipeline.cpp does (core/pipeline.hpp's stage_layers: equal when the stages divide the
 layers; the rows here divide them) and sit in a loop: rank r holds stages r, r + pp, ... The first stage
 also runs the embedding, the last the final norm, the head and the loss. Each stage is made of HF's
@@ -23,7 +25,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B"}
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B",
+             "zb-1p": "ScheduleInterleavedZeroBubble"}
+MULTI_STAGE = {"interleaved-1f1b", "zb-1p"}  # torch's classes that take a list of a rank's stages
 
 
 def layout(cell):
@@ -94,11 +98,11 @@ def train_pp(cell, dump, rank, world):
     per = layers // (pp * v)
     mine = [s for s in range(pp * v) if s % pp == rank]
     stages = [pipelining.PipelineStage(Stage(lm, s * per, (s + 1) * per), s, pp * v, torch.device("cpu")) for s in mine]
-    live = [0, 0]  # micro-batch stages forwarded and not yet backwarded on this rank: now, at most
+    live = [0, 0]  # micro-batch stages forwarded and not yet released on this rank: now, at most
     for st in stages:
         count_in_flight(st, live)
     schedule_class = getattr(pipelining.schedules, SCHEDULES[name])
-    schedule = schedule_class(stages if v > 1 else stages[0], n_microbatches=m, loss_fn=loss_fn)
+    schedule = schedule_class(stages if name in MULTI_STAGE else stages[0], n_microbatches=m, loss_fn=loss_fn)
     params = [p for st in stages for p in st.submod.parameters()]
     opt = torch.optim.SGD(params, lr=float(cfg.get("lr", 1e-3)), momentum=0.9, weight_decay=float(cfg.get("weight_decay", 0.0)),
                           foreach=False)
@@ -128,12 +132,24 @@ def train_pp(cell, dump, rank, world):
             losses.append((total / m).item())
     mine_ids = {id(p) for st in stages for p in st.submod.parameters()}
     held = {k: p.detach().clone() for k, p in ref.trainscope_parameters(model) if id(p) in mine_ids}
-    return {"final": held, "losses": losses, "in_flight": live[1], "step_time_p50_s": statistics.median(times) if times else None}
+    return {"final": held, "losses": losses, "in_flight": live[1], "actions": actions_of(schedule, rank),
+            "step_time_p50_s": statistics.median(times) if times else None}
+
+
+def actions_of(schedule, rank):
+    """The rank's computation actions in order, in torch's notation ("0F1"): the schedule's
+    pipeline_order without its empty slots and its other actions (REDUCE_GRAD, the data-parallel
+    gradient sync after the last backward); None where a schedule keeps no table."""
+    order = getattr(schedule, "pipeline_order", None)
+    if not isinstance(order, dict):
+        return None
+    return " ".join(str(a) for a in order[rank] if a is not None and a.computation_type.value in ("F", "B", "I", "W"))
 
 
 def count_in_flight(stage, live):
-    """Counts the stage's forwards up and its (full) backwards down in `live`, keeping the peak."""
-    forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
+    """Counts the stage's forwards up and its releases down in `live`, keeping the peak: a full backward
+    releases a micro-batch, a split one (I then W) at its W, as trainscope's pipeline counts them."""
+    forward, backward, weight = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
 
     def counted_forward(*args, **kwargs):
         live[0] += 1
@@ -142,10 +158,16 @@ def count_in_flight(stage, live):
 
     def counted_backward(*args, **kwargs):
         out = backward(*args, **kwargs)
+        if kwargs.get("full_backward", args[2] if len(args) > 2 else True):
+            live[0] -= 1
+        return out
+
+    def counted_weight(*args, **kwargs):
+        out = weight(*args, **kwargs)
         live[0] -= 1
         return out
 
-    stage.forward_one_chunk, stage.backward_one_chunk = counted_forward, counted_backward
+    stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk = counted_forward, counted_backward, counted_weight
 
 
 def _rank_main(rank, world, cell, dump_path, lib, out_dir):
@@ -182,6 +204,9 @@ def row(cell, dump, dump_path, lib):
     pipeline = cell["metrics"].get("timing", {}).get("pipeline", {})
     ours_live = (pipeline.get("in_flight_microbatches") or {}).get("measured")
     checks.append(ref.value_check("micro-batch stages in flight on rank 0, at most", ours_live, runs[0]["in_flight"]))
+    # The table itself, where torch keeps one (its multi-stage classes): rank 0's actions in order.
+    if runs[0]["actions"] is not None:
+        checks.append(ref.value_check(f"rank 0's actions in order: {SCHEDULES[name]}'s pipeline_order", pipeline.get("actions"), runs[0]["actions"]))
     ours_t = (cell["metrics"].get("timing", {}).get("step_time_s") or {}).get("p50")
     theirs_t = runs[0]["step_time_p50_s"]
     return {"checks": checks,

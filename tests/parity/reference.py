@@ -509,7 +509,7 @@ REFERENCES = {
            "layer and at the root on 'dp' after TP (torchtitan's order); gradients to their parameters' placements "
            "before torch.optim.SGD(foreach=False); beside it, the one-process emulation of the same arithmetic "
            "(tp_ref.emulate_tp)"),
-    "pp": ("torch.distributed.pipelining's schedule of the same name (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, "
+    "pp": ("torch.distributed.pipelining's schedule of the same name (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble, "
            "scale_grads=True) over PipelineStage modules of HF's layers cut as trainscope cuts them, on pp Gloo ranks, "
            "torch.optim.SGD(foreach=False) on each rank's stages (pp_ref.py)"),
 }
@@ -1100,6 +1100,7 @@ def main(argv=None):
         print(f"parity reference: error: no accounting library at {a.accounting}", file=sys.stderr)
         return 2
     cells_dir = Path(a.report).resolve().parent / "cells"
+    mp.set_forkserver_preload(forkserver_preload(report["cells"]))
     rows, failed = {}, False
     for cell in report["cells"]:
         if cell.get("status") != "ok" or "parity_dump" not in cell or not re.search(a.filter, cell["name"]):
@@ -1121,6 +1122,20 @@ def main(argv=None):
     return 1 if failed else 0
 
 
+def forkserver_preload(cells):
+    """What spawn_ranks' ranks start from, imported once by the server they are forked from: this module
+    (and torch), and the reference packages the multi-rank rows among `cells` import (HF's Llama
+    modules, DeepSpeed): ~3 s of a 2-core machine per package and rank otherwise. A package that is
+    missing is left to its rows, which say so."""
+    ranked = [c for c in cells if int(c.get("world_size") or 1) > 1 and "parity_dump" in c]
+    out = ["__main__"]
+    if any(is_llama(c) for c in ranked):
+        out.append("transformers.models.llama.modeling_llama")
+    if any(c["config"].get("parallel") in deepspeed_ref.STAGES and deepspeed_ref.compares(c["config"]) for c in ranked):
+        deepspeed_ref.set_environment()  # before the server starts: it takes this process's environment
+        out.append("deepspeed")
+    return out
+
+
 if __name__ == "__main__":
-    mp.set_forkserver_preload(["__main__"])  # spawn_ranks' ranks start from this module, imported once
     sys.exit(main())

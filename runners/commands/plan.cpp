@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <set>
 
 #include "core/errors.hpp"
 #include "core/pipeline.hpp"

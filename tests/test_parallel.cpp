@@ -686,9 +686,10 @@ inject = "tp-same-dropout-seed"
 // the boundary's hidden states and gradients travel as exact bits, and each parameter's gradient
 // accumulates micro-batch by micro-batch in the same order (the schedules backward 0..3 on every stage),
 // so the parameters are equal bit for bit (an untied Llama: nothing is summed across ranks). A tied head
-// (GPT) is the one exception: its two halves, the embedding's on rank 0 and the head's on rank 1, are
-// summed once per step rather than per micro-batch, a reassociation of 2m = 8 fp64 terms: at most
-// 8 x 2^-53 of the gradient's size per step (atol 1e-12 over these 3 SGD steps of lr 0.05).
+// (GPT, under each schedule) is the one exception: its two halves, the embedding's on the first stage's
+// rank and the head's on the last's, are summed once per step rather than per micro-batch, a
+// reassociation of 2m = 8 fp64 terms: at most 8 x 2^-53 of the gradient's size per step (atol 1e-12
+// over these 3 SGD steps of lr 0.05).
 // zb-1p's split backward (I, then W from the nodes where the weights meet the input's path) runs the
 // same kernels on the same gradients, under every checkpoint policy (a checkpointed block recomputed once
 // for I and once for W, selective-op serving its kept outputs to both).
@@ -763,6 +764,43 @@ name = "gpt/accumulate-clip"
 model = "gpt-tiny"
 batch_size = 4
 grad_clip = 0.05
+[[cells]]
+name = "gpt/gpipe"
+model = "gpt-tiny"
+batch_size = 4
+pp = 2
+pp_schedule = "gpipe"
+grad_clip = 0.05
+[[cells]]
+name = "gpt/zb"
+model = "gpt-tiny"
+batch_size = 4
+pp = 2
+pp_schedule = "zb-1p"
+grad_clip = 0.05
+[[cells]]
+name = "gpt4/accumulate-clip"
+model = "gpt-tiny"
+layers = 4
+batch_size = 4
+grad_clip = 0.05
+[[cells]]
+name = "gpt4/interleaved"
+model = "gpt-tiny"
+layers = 4
+batch_size = 4
+pp = 2
+pp_schedule = "interleaved-1f1b"
+grad_clip = 0.05
+[[cells]]
+name = "gpt4/zb-interleaved"
+model = "gpt-tiny"
+layers = 4
+batch_size = 4
+pp = 2
+pp_schedule = "zb-1p"
+pp_virtual = 2
+grad_clip = 0.05
 )", "--nproc 2");
   ASSERT_EQ(run.result.code, 0) << run.result.out;
   const Result valid = validate_report(run.out + "/report.json");  // the pipeline section and the send/recv rows
@@ -790,11 +828,17 @@ grad_clip = 0.05
   const auto bf16 = joined("bf16_1f1b"), bf16_zb = joined("bf16_zb");
   ASSERT_EQ(bf16.size(), bf16_zb.size());
   for (size_t i = 0; i < bf16.size(); ++i) EXPECT_TRUE(torch::equal(bf16[i], bf16_zb[i])) << "bf16-master parameter " << i;
-  const auto gpt_one = load_params(run.out + "/cells/gpt_accumulate-clip.params.pt");
-  const auto gpt_pp = joined("gpt_1f1b");
-  ASSERT_EQ(gpt_pp.size(), gpt_one.size());
-  for (size_t i = 0; i < gpt_one.size(); ++i)
-    EXPECT_TRUE(torch::allclose(gpt_pp[i], gpt_one[i], /*rtol=*/0, /*atol=*/1e-12)) << "gpt parameter " << i;
+  // GPT (a tied head) under every schedule, against one process on the same layers.
+  const std::map<std::string, std::string> gpt_against{{"gpt_1f1b", "gpt_accumulate-clip"}, {"gpt_gpipe", "gpt_accumulate-clip"},
+                                                       {"gpt_zb", "gpt_accumulate-clip"}, {"gpt4_interleaved", "gpt4_accumulate-clip"},
+                                                       {"gpt4_zb-interleaved", "gpt4_accumulate-clip"}};
+  for (const auto& [cell, reference] : gpt_against) {
+    const auto gpt_one = load_params(run.out + "/cells/" + reference + ".params.pt");
+    const auto gpt_pp = joined(cell);
+    ASSERT_EQ(gpt_pp.size(), gpt_one.size()) << cell;
+    for (size_t i = 0; i < gpt_one.size(); ++i)
+      EXPECT_TRUE(torch::allclose(gpt_pp[i], gpt_one[i], /*rtol=*/0, /*atol=*/1e-12)) << cell << " parameter " << i;
+  }
   // In flight on ranks 0 and 1 (p = 2, m = 4): gpipe m, 1f1b p - r, interleaved (v = 2) 2(p-1-r) + (v-1)p + 1
   // chunks, zb-1p pv until their W; bubbles (p-1)/m, (p-1)/vm and zb-1p's (p-1)/3vm. The bytes: every
   // micro-batch's [2, 16, 32] fp64 hidden states (8 KiB) one way and their gradient back over each

@@ -104,8 +104,10 @@ std::vector<int64_t> tp_degrees(const PlanRequest& r) {
 // divides those ranks and leaves each stage a layer (pp_virtual of them, interleaved). `--set pp` fixes one.
 std::vector<int64_t> pp_degrees(const PlanRequest& r, int64_t ranks) {
   if (auto f = r.fixed.find("pp"); f != r.fixed.end()) return {std::stoll(f->second)};
+  const auto v = r.fixed.find("pp_virtual");
+  const int64_t per_rank = v != r.fixed.end() ? std::stoll(v->second) : 1;
   std::vector<int64_t> out = {1};
-  for (int64_t pp = 2; pp <= r.cluster.nodes && ranks % pp == 0 && pp <= r.model.layers; pp *= 2) out.push_back(pp);
+  for (int64_t pp = 2; pp <= r.cluster.nodes && ranks % pp == 0 && pp * per_rank <= r.model.layers; pp *= 2) out.push_back(pp);
   return out;
 }
 

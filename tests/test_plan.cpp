@@ -497,6 +497,16 @@ TEST(Plan, PipelineStagesTheLayersAcrossNodes) {
   EXPECT_EQ(zb["pipeline"]["stages_per_rank"], 2);
   EXPECT_LT(zb["time"]["bubble_s"].get<double>(), inter["time"]["bubble_s"].get<double>());
   EXPECT_EQ(zb["time"]["pipeline"]["in_flight"][0], 32);
+  // The search's pp degrees leave each of the pp x pp_virtual stages a layer: on 64 nodes pp 64 would
+  // cut 126 layers into 128 stages, so pp stops at 32.
+  const Result wide = ts("plan --model llama3-405b --gpus-per-node 8 --nodes 64 --device H100-SXM --set precision=bf16-master "
+                         "--set tp=8 --set checkpoint=full --set attention=sdpa --set batch_size=1 --set pp_schedule=zb-1p --set pp_virtual=2 --format json");
+  ASSERT_EQ(wide.code, 0) << wide.out.substr(0, 2000);
+  int64_t deepest = 0;
+  const json wide_plan = json::parse(wide.out);  // named: a range over a temporary's member would dangle
+  for (const auto& c : wide_plan["candidates"])
+    if (c.contains("pipeline")) deepest = std::max<int64_t>(deepest, c["layout"]["pp"].get<int64_t>());
+  EXPECT_EQ(deepest, 32);
   const Result bad = ts(base + " --set pp_schedule=1f1b --set pp_virtual=0");
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("--set pp_virtual=0: expected a whole number >= 1"), std::string::npos) << bad.out;

@@ -192,6 +192,9 @@ std::vector<torch::autograd::FunctionPreHook*> Pipeline::capture_meets(Slot& slo
       meet->add_pre_hook(std::move(hook));
       slot.meets.emplace_back(g.owner.at(meet), into);
     }
+    // The root leads to the input, so every walk back from a leaf ends at a meet at the latest there;
+    // one that does not would leave its gradient out of W.
+    if (mine.empty()) throw std::logic_error("pipeline: a weight of this stage never meets its input's path (zb-1p's W would miss it)");
   }
   for (auto& [members, meets] : leaf_groups(meets_of)) {
     auto& group = slot.groups.emplace_back();

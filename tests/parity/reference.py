@@ -1100,7 +1100,7 @@ def main(argv=None):
         print(f"parity reference: error: no accounting library at {a.accounting}", file=sys.stderr)
         return 2
     cells_dir = Path(a.report).resolve().parent / "cells"
-    mp.set_forkserver_preload(forkserver_preload(report["cells"]))
+    mp.set_forkserver_preload(forkserver_preload([c for c in report["cells"] if re.search(a.filter, c["name"])]))
     rows, failed = {}, False
     for cell in report["cells"]:
         if cell.get("status") != "ok" or "parity_dump" not in cell or not re.search(a.filter, cell["name"]):

@@ -506,6 +506,17 @@ name = "clip/1f1b"
 pp = 2
 world_size = 4
 grad_clip = 0.05
+[[cells]]
+name = "zb"
+pp = 2
+world_size = 4
+pp_schedule = "zb-1p"
+[[cells]]
+name = "sp/zb"
+pp = 2
+world_size = 4
+sequence_parallel = true
+pp_schedule = "zb-1p"
 )", "--nproc 4");
   ASSERT_EQ(run.result.code, 0) << run.result.out;
   // Clipped, the norm sums each stage's tp shards over tp, then the stages over pp: a reassociation of
@@ -520,8 +531,8 @@ grad_clip = 0.05
   for (const std::string prefix : {"", "sp_"}) {
     const auto one = load_params(run.out + "/cells/" + prefix + "accumulate.rank0.params.pt");
     ASSERT_FALSE(one.empty());
-    for (const std::string rank : {"rank0", "rank3"}) {
-      const auto pp = load_params(run.out + "/cells/" + prefix + "1f1b." + rank + ".params.pt");
+    for (const std::string rank : {"1f1b.rank0", "1f1b.rank3", "zb.rank0", "zb.rank3"}) {  // zb-1p: its W from the tp layers' meets
+      const auto pp = load_params(run.out + "/cells/" + prefix + rank + ".params.pt");
       ASSERT_EQ(pp.size(), one.size()) << prefix << rank;
       for (size_t i = 0; i < one.size(); ++i)
         EXPECT_TRUE(torch::equal(pp[i], one[i])) << prefix << rank << " parameter " << i << ": max |diff| "

@@ -201,6 +201,15 @@ std::vector<torch::autograd::FunctionPreHook*> Pipeline::capture_meets(Slot& slo
     for (size_t l : members) group.first.push_back(leaves[l]);
     group.second = std::move(meets);
   }
+  // In the order one backward reaches them (the latest-made node first), the same on every rank: a
+  // group's W may hold a collective (sequence parallelism's norm weights sum their gradient over tp),
+  // which the tp ranks must issue in one order.
+  const auto latest = [&](const std::set<size_t>& meets) {
+    uint64_t top = 0;
+    for (size_t m : meets) top = std::max(top, slot.meets[m].first->sequence_nr());
+    return top;
+  };
+  std::stable_sort(slot.groups.begin(), slot.groups.end(), [&](const auto& a, const auto& b) { return latest(a.second) > latest(b.second); });
   return hooks;
 }
 

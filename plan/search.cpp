@@ -99,13 +99,20 @@ std::vector<int64_t> tp_degrees(const PlanRequest& r) {
   return out;
 }
 
+// A schedule's stages per rank: `--set pp_virtual`, else the schedule's own (core/pipeline.hpp).
+int64_t stages_per_rank(const PlanRequest& r, const std::string& schedule) {
+  const auto v = r.fixed.find("pp_virtual");
+  return v != r.fixed.end() ? std::stoll(v->second) : pipeline::default_stages_per_rank(schedule);
+}
+
 // Pipeline degrees for the ranks tp leaves: 1, and each power of two up to the node count (a stage per
 // node or group of nodes: PP crosses nodes, its point-to-point transfers being the least traffic) that
 // divides those ranks and leaves each stage a layer (pp_virtual of them, interleaved). `--set pp` fixes one.
 std::vector<int64_t> pp_degrees(const PlanRequest& r, int64_t ranks) {
   if (auto f = r.fixed.find("pp"); f != r.fixed.end()) return {std::stoll(f->second)};
-  const auto v = r.fixed.find("pp_virtual");
-  const int64_t per_rank = v != r.fixed.end() ? std::stoll(v->second) : 1;
+  // A fixed schedule with its stages per rank; else the fewest (interleaving joins where it fits).
+  const auto fixed = r.fixed.find("pp_schedule");
+  const int64_t per_rank = fixed != r.fixed.end() ? stages_per_rank(r, fixed->second) : r.fixed.count("pp_virtual") ? stages_per_rank(r, "") : 1;
   std::vector<int64_t> out = {1};
   for (int64_t pp = 2; pp <= r.cluster.nodes && ranks % pp == 0 && pp * per_rank <= r.model.layers; pp *= 2) out.push_back(pp);
   return out;
@@ -169,9 +176,7 @@ std::vector<LayoutChoice> layouts(const PlanRequest& r) {
             c.pp = pp;
             c.cp = cp;
             c.hsdp_shard_size = p == "hsdp" ? node : 0;
-            const auto v = r.fixed.find("pp_virtual");
-            const int64_t stages = pp == 1 ? 1 : v != r.fixed.end() ? std::stoll(v->second) : pipeline::default_stages_per_rank(schedule);
-            out.push_back({p, resolve_layout(c), tp > 1 && sp, schedule, stages, method});
+            out.push_back({p, resolve_layout(c), tp > 1 && sp, schedule, pp == 1 ? 1 : stages_per_rank(r, schedule), method});
           }
       }
   if (out.empty())

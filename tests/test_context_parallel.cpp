@@ -186,16 +186,7 @@ std::vector<torch::Tensor> load_params(const std::string& path) {
   return v;
 }
 
-constexpr const char* kCpBase = R"(
-precision = "64-true"
-warmup_steps = 1
-steps = 2
-eval = false
-overflow_every = 0
-save_parameters = true
-optimizer = "sgd"
-lr = 0.05
-batch_size = 4
+const std::string kCpBase = kExactBase + R"(batch_size = 4
 data = "synthetic-tokens"
 rng_every = 1
 attention = "sdpa"
@@ -220,7 +211,7 @@ vocab = 256
 
 // A suite of the cp tests: the base above and `cells`.
 std::string cp_suite(const std::string& name, const std::string& cells) {
-  return "name = \"" + name + "\"\n[base]\nmodel = \"cp-llama\"\n" + std::string(kCpBase) + cells;
+  return "name = \"" + name + "\"\n[base]\nmodel = \"cp-llama\"\n" + kCpBase + cells;
 }
 
 // Every rank of a cell ends with the same full parameters, within atol of `expected`.

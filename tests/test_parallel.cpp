@@ -340,18 +340,7 @@ layout = "dp_shard2"
 }
 
 // The pipeline tests' runs: a 4-layer untied Llama in fp64, 3 SGD steps of 4 micro-batches per rank.
-constexpr const char* kPipelineBase = R"(model = "my-llama"
-precision = "64-true"
-warmup_steps = 1
-steps = 2
-eval = false
-overflow_every = 0
-save_parameters = true
-optimizer = "sgd"
-lr = 0.05
-batch_size = 8
-pp_microbatches = 4
-)";
+const std::string kPipelineBase = "model = \"my-llama\"\n" + kExactBase + "batch_size = 8\npp_microbatches = 4\n";
 constexpr const char* kPipelineLlama = R"([models.my-llama]
 family = "llama"
 layers = 4
@@ -388,7 +377,7 @@ TEST(Parallel, PipelineWithFsdpEqualsFsdpAccumulatingTheMicroBatches) {
   const SuiteRun run = run_suite_text("pipeline-fsdp", R"(
 name = "pipeline-fsdp"
 [base]
-)" + std::string(kPipelineBase) + R"(
+)" + kPipelineBase + R"(
 dp_shard = 2
 )" + kPipelineLlama + kAccumulateAndPipeline + R"(
 [[cells]]
@@ -484,7 +473,7 @@ TEST(Parallel, PipelineWithTensorParallelEqualsTensorParallelAccumulating) {
   const SuiteRun run = run_suite_text("pipeline-tp", R"(
 name = "pipeline-tp"
 [base]
-)" + std::string(kPipelineBase) + R"(
+)" + kPipelineBase + R"(
 tp = 2
 rng_every = 1
 )" + kPipelineLlama + kAccumulateAndPipeline + R"(
@@ -709,7 +698,7 @@ TEST(Parallel, PipelineSchedulesEqualOneProcessAccumulatingTheMicroBatches) {
   const SuiteRun run = run_suite_text("pipeline", R"(
 name = "pipeline"
 [base]
-)" + std::string(kPipelineBase) + kPipelineLlama + R"(
+)" + kPipelineBase + kPipelineLlama + R"(
 [[cells]]
 name = "accumulate"
 [[cells]]

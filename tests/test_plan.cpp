@@ -498,7 +498,7 @@ TEST(Plan, PipelineStagesTheLayersAcrossNodes) {
   EXPECT_LT(zb["time"]["bubble_s"].get<double>(), inter["time"]["bubble_s"].get<double>());
   EXPECT_EQ(zb["time"]["pipeline"]["in_flight"][0], 32);
   // The search's pp degrees leave each of the pp x pp_virtual stages a layer: on 64 nodes pp 64 would
-  // cut 126 layers into 128 stages, so pp stops at 32.
+  // cut 126 layers into 128 stages, so pp stops at 32 (was: the whole plan ended in that error).
   const Result wide = ts("plan --model llama3-405b --gpus-per-node 8 --nodes 64 --device H100-SXM --set precision=bf16-master "
                          "--set tp=8 --set checkpoint=full --set attention=sdpa --set batch_size=1 --set pp_schedule=zb-1p --set pp_virtual=2 --format json");
   ASSERT_EQ(wide.code, 0) << wide.out.substr(0, 2000);
@@ -507,6 +507,10 @@ TEST(Plan, PipelineStagesTheLayersAcrossNodes) {
   for (const auto& c : wide_plan["candidates"])
     if (c.contains("pipeline")) deepest = std::max<int64_t>(deepest, c["layout"]["pp"].get<int64_t>());
   EXPECT_EQ(deepest, 32);
+  // So does a fixed interleaved schedule's default of two stages per rank.
+  const Result inter64 = ts("plan --model llama3-405b --gpus-per-node 8 --nodes 64 --device H100-SXM --set precision=bf16-master "
+                            "--set tp=8 --set checkpoint=full --set attention=sdpa --set batch_size=1 --set pp_schedule=interleaved-1f1b --format json");
+  EXPECT_EQ(inter64.code, 0) << inter64.out.substr(0, 2000);
   const Result bad = ts(base + " --set pp_schedule=1f1b --set pp_virtual=0");
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("--set pp_virtual=0: expected a whole number >= 1"), std::string::npos) << bad.out;

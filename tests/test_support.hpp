@@ -27,6 +27,19 @@ inline std::string scratch(const std::string& name) {
   return dir ? std::string(dir) : std::string("/tmp");
 }
 
+// The [base] of the suites whose runs are compared with one process to the last bit or a derived
+// tolerance (pipeline, context parallelism): fp64, plain SGD, 2 measured steps after 1 warm-up, the
+// parameters saved, no probes that would touch the arithmetic.
+inline const std::string kExactBase = R"(precision = "64-true"
+warmup_steps = 1
+steps = 2
+eval = false
+overflow_every = 0
+save_parameters = true
+optimizer = "sgd"
+lr = 0.05
+)";
+
 }  // namespace trainscope::test
 
 // Expects `expr` to throw a UsageError whose one-line message contains `part`.

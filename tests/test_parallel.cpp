@@ -339,6 +339,47 @@ layout = "dp_shard2"
   EXPECT_EQ(cell_named(run.report, "zero3")["layout"]["dp_shard"], 2);
 }
 
+// Without a GPU a cell's processes are forks of `trainscope run` (no second load of LibTorch); with
+// TRAINSCOPE_CELL_EXEC=1, as on a GPU machine, they start afresh from the binary. The same training either
+// way, bit for bit, for one process and for ranks.
+TEST(Parallel, ForkedAndFreshCellProcessesTrainTheSame) {
+  const std::string suite = write("started.toml", R"(
+name = "started"
+[base]
+model = "gpt-tiny"
+warmup_steps = 0
+steps = 3
+eval = false
+overflow_every = 0
+save_parameters = true
+batch_size = 4
+dropout = 0.1
+[[cells]]
+name = "one"
+[[cells]]
+name = "zero3"
+parallel = "zero3"
+world_size = 2
+)");
+  std::map<std::string, json> report;
+  for (const std::string how : {"forked", "started"}) {
+    const std::string out = tmp("started-" + how);
+    const std::string env = how == "started" ? "TRAINSCOPE_CELL_EXEC=1 " : "";
+    const Result r = sh("rm -rf " + out + " && " + env + bin() + " run --suite " + suite + " --nproc 2 --out " + out);
+    ASSERT_EQ(r.code, 0) << r.out;
+    report[how] = read_json(out + "/report.json");
+    EXPECT_EQ(report[how]["env"]["cell_processes"], how);
+  }
+  for (const std::string cell : {"one", "zero3"}) {
+    const std::string params = cell == "one" ? "/cells/one.params.pt" : "/cells/zero3.rank0.params.pt";
+    const auto forked = load_params(tmp("started-forked") + params), fresh = load_params(tmp("started-started") + params);
+    ASSERT_EQ(forked.size(), fresh.size()) << cell;
+    for (size_t i = 0; i < forked.size(); ++i) EXPECT_TRUE(torch::equal(forked[i], fresh[i])) << cell << " parameter " << i;
+    EXPECT_EQ(cell_named(report["forked"], cell)["metrics"]["quality"]["step_losses"],
+              cell_named(report["started"], cell)["metrics"]["quality"]["step_losses"]) << cell;
+  }
+}
+
 // The pipeline tests' runs: a 4-layer untied Llama in fp64, 3 SGD steps of 4 micro-batches per rank.
 const std::string kPipelineBase = "model = \"my-llama\"\n" + kExactBase + "batch_size = 8\npp_microbatches = 4\n";
 constexpr const char* kPipelineLlama = R"([models.my-llama]

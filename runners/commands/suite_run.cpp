@@ -47,13 +47,28 @@ bool reusable(const std::string& path, const json& config, json& cell) {
          cell.value("status", "") != "timeout";
 }
 
+// Whether a cell's process may be a fork of this one rather than a fresh start of the binary (see
+// InProcess, runners/process/isolation.hpp). Not where LibTorch sees a GPU: CUDA cannot be used in a
+// child forked after its parent initialised it (resolving device `auto` does). TRAINSCOPE_CELL_EXEC=1
+// starts every cell afresh, as on a GPU machine. This process ran no tensor work before (an OpenMP team
+// made here would hang a forked child's first parallel region).
+bool cells_may_fork() {
+  static const bool may = [] {
+    const char* exec = std::getenv("TRAINSCOPE_CELL_EXEC");
+    return !(exec && *exec && std::string(exec) != "0") && !torch::cuda::is_available();
+  }();
+  return may;
+}
+
 // Runs one cell in a child process and returns its result, whatever happened to the process.
 json run_isolated(const std::string& name, const json& config, const std::string& device, const std::string& stem,
                   double timeout_s) {
   reports::write_json_atomic(stem + ".spec.json", {{"name", name}, {"config", config}, {"device", device}});
   fs::remove(stem + ".json");
-  const ChildOutcome r =
-      run_child({self_exe(), "_cell", "--spec", stem + ".spec.json", "--result", stem + ".json"}, stem + ".log", timeout_s);
+  InProcess in_process;
+  if (cells_may_fork()) in_process = [stem] { return cell_main(stem + ".spec.json", stem + ".json"); };
+  const ChildOutcome r = run_child({self_exe(), "_cell", "--spec", stem + ".spec.json", "--result", stem + ".json"},
+                                   stem + ".log", timeout_s, in_process);
   json cell;
   if (r.kind == ChildOutcome::Kind::Exited && fs::exists(stem + ".json")) {
     cell = reports::read_json_file(stem + ".json");
@@ -107,19 +122,21 @@ json run_ranks(const std::string& name, const json& config, const std::string& d
   const std::string where = store.host() + ":" + std::to_string(store.port());
   std::vector<std::vector<std::string>> argvs;
   std::vector<std::string> logs;
+  std::vector<InProcess> in_process;
   for (int r : mine) {
     fs::remove(rank_file(r, ".json"));
-    const int local_rank = launch.external() ? launch.local_rank : r;
-    const int local_world = launch.external() ? launch.local_world_size : world;
+    const CellRank rk{r, world, launch.external() ? launch.local_rank : r,
+                      launch.external() ? launch.local_world_size : world, store.host(), store.port(), prefix};
     argvs.push_back({self_exe(), "_cell", "--spec", spec, "--result", rank_file(r, ".json"), "--rank", std::to_string(r),
-                     "--world", std::to_string(world), "--local-rank", std::to_string(local_rank), "--local-world",
-                     std::to_string(local_world), "--store", where, "--prefix", prefix});
+                     "--world", std::to_string(world), "--local-rank", std::to_string(rk.local_rank), "--local-world",
+                     std::to_string(rk.local_world), "--store", where, "--prefix", prefix});
     logs.push_back(rank_file(r, ".log"));
+    if (cells_may_fork()) in_process.push_back([spec, result = rank_file(r, ".json"), rk] { return cell_main(spec, result, rk); });
   }
   // Under a launcher each rank says where it runs before it starts, so that rank 0 can name the node of
   // ranks that never report back (a node lost mid-step).
   if (launch.external()) store.set(prefix + "host/" + std::to_string(launch.rank), host_name());
-  const GroupOutcome g = run_children(argvs, logs, timeout_s);
+  const GroupOutcome g = run_children(argvs, logs, timeout_s, 1.0, in_process);
 
   // Every rank's outcome; under an external launcher they meet in the store, where rank 0's process
   // collects them.
@@ -595,6 +612,8 @@ int run_suite(const RunOptions& o) {
   if (x.external)  // which launcher started the ranks: the report names it beside the nodes they ran on
     env["launch"] = {{"source", x.external->source}, {"world_size", x.external->world_size},
                      {"local_world_size", x.external->local_world_size}, {"restarts", x.incarnation - 1}};
+  // A cell's wall time includes its process's start: a fork's few milliseconds or the binary's 0.3-0.4 s.
+  env["cell_processes"] = cells_may_fork() ? "forked" : "started";
   for (const auto& w : env["warnings"]) std::fprintf(stderr, "warning: %s\n", w.get<std::string>().c_str());
   const json suite_json = suites::suite_to_json(suite);
   const std::string report_path = out + "/report.json";

@@ -10,11 +10,14 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <stdexcept>
 #include <thread>
 
+#include "core/errors.hpp"
 #include "core/units.hpp"
 
 namespace trainscope::runners {
@@ -44,13 +47,33 @@ std::string self_exe() {
 
 namespace {
 
-pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path) {
+// A forked child's own work, ended as the binary's main would end it (its error line, 2 for bad input)
+// but with _exit: the parent's atexit handlers and static objects are not this child's to run.
+[[noreturn]] void run_in_child(const InProcess& work) {
+  int code = 1;
+  try {
+    code = work();
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "trainscope: error: %s\n", e.what());
+    code = 2;
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    std::fprintf(stderr, "trainscope: error: %s\n", what.substr(0, what.find('\n')).c_str());
+  }
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  _exit(code);
+}
+
+pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path, const InProcess& in_process) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   if (log < 0) throw std::runtime_error("cannot open " + log_path);
   const pid_t parent = getpid();
+  std::fflush(nullptr);  // else a forked child would write what the parent had buffered a second time
   const pid_t pid = fork();
   if (pid < 0) {
     ::close(log);
@@ -67,6 +90,7 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path) {
     dup2(log, STDOUT_FILENO);
     dup2(log, STDERR_FILENO);
     ::close(log);
+    if (in_process) run_in_child(in_process);
     execv(args[0], args.data());
     std::fprintf(stderr, "exec %s failed: %s\n", args[0], std::strerror(errno));
     _exit(127);
@@ -85,7 +109,7 @@ void kill_and_reap(pid_t pid, int& status) {
 }  // namespace
 
 GroupOutcome run_children(const std::vector<std::vector<std::string>>& argvs, const std::vector<std::string>& logs,
-                          double timeout_s, double grace_s) {
+                          double timeout_s, double grace_s, const std::vector<InProcess>& in_process) {
   const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   GroupOutcome out;
@@ -93,7 +117,7 @@ GroupOutcome run_children(const std::vector<std::vector<std::string>>& argvs, co
   std::vector<pid_t> pids;
   std::vector<bool> done(argvs.size(), false);
   try {
-    for (size_t i = 0; i < argvs.size(); ++i) pids.push_back(spawn(argvs[i], logs[i]));
+    for (size_t i = 0; i < argvs.size(); ++i) pids.push_back(spawn(argvs[i], logs[i], in_process.empty() ? InProcess{} : in_process.at(i)));
   } catch (...) {
     int st = 0;
     for (pid_t p : pids) kill_and_reap(p, st);
@@ -158,8 +182,9 @@ GroupOutcome run_children(const std::vector<std::vector<std::string>>& argvs, co
   return out;
 }
 
-ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& log_path, double timeout_s) {
-  return run_children({argv}, {log_path}, timeout_s).children.at(0);
+ChildOutcome run_child(const std::vector<std::string>& argv, const std::string& log_path, double timeout_s,
+                       const InProcess& in_process) {
+  return run_children({argv}, {log_path}, timeout_s, 1.0, {in_process}).children.at(0);
 }
 
 std::string last_line(const std::string& path) {

@@ -115,8 +115,12 @@ node1="tsc-mn$runner-n1"
 worker=""
 for _ in $(seq 600); do
   if grep -q "mlp/ddp/ws4 on cpu" "$tmp/elastic/node1.log" 2> /dev/null; then
+    # The worker is the `trainscope run` whose parent is torchrun's agent: its cells' processes, forks
+    # of it, carry the same command line.
     for p in $(ip netns pids "$node1" 2> /dev/null); do
-      case "$(tr '\0' ' ' < "/proc/$p/cmdline" 2> /dev/null)" in "$ts run "*) worker=$p; break ;; esac
+      parent=$(awk '{print $4}' "/proc/$p/stat" 2> /dev/null)
+      case "$(tr '\0' ' ' < "/proc/$p/cmdline" 2> /dev/null)" in "$ts run "*) ;; *) continue ;; esac
+      case "$(tr '\0' ' ' < "/proc/$parent/cmdline" 2> /dev/null)" in "$ts run "*) ;; *) worker=$p; break ;; esac
     done
     [ -n "$worker" ] && break
   fi

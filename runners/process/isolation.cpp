@@ -1,5 +1,6 @@
 #include "runners/process/isolation.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -66,6 +67,18 @@ namespace {
   _exit(code);
 }
 
+// Whether this process has no thread but the caller's: a lock another thread holds at a fork would stay
+// held in the child for good, so only then does a child run InProcess work (else it is started afresh).
+bool single_threaded() {
+  DIR* tasks = opendir("/proc/self/task");
+  if (!tasks) return false;
+  int n = 0;
+  while (const dirent* e = readdir(tasks))
+    if (e->d_name[0] != '.') ++n;
+  closedir(tasks);
+  return n == 1;
+}
+
 pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path, const InProcess& in_process) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -73,6 +86,7 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path, c
   const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   if (log < 0) throw std::runtime_error("cannot open " + log_path);
   const pid_t parent = getpid();
+  const bool in_this_image = in_process && single_threaded();
   std::fflush(nullptr);  // else a forked child would write what the parent had buffered a second time
   const pid_t pid = fork();
   if (pid < 0) {
@@ -90,7 +104,7 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& log_path, c
     dup2(log, STDOUT_FILENO);
     dup2(log, STDERR_FILENO);
     ::close(log);
-    if (in_process) run_in_child(in_process);
+    if (in_this_image) run_in_child(in_process);
     execv(args[0], args.data());
     std::fprintf(stderr, "exec %s failed: %s\n", args[0], std::strerror(errno));
     _exit(127);

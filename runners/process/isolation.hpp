@@ -18,7 +18,7 @@ struct ChildOutcome {
 // What a child of this process may run without exec: the same work as its argv, as a function of this
 // process (a cell of our own binary). The child is then a fork that calls it and exits with what it
 // returns: it skips loading LibTorch again (0.3-0.4 s a process on CPU). Only where that is safe:
-// cells_may_fork (suite_run.cpp) says when.
+// cells_may_fork (suite_run.cpp) says when, and only while this process has a single thread.
 using InProcess = std::function<int()>;
 
 // Runs argv[0] with the arguments, stdout and stderr appended to `log_path`, and waits at most
@@ -38,7 +38,7 @@ struct GroupOutcome {
 GroupOutcome run_children(const std::vector<std::vector<std::string>>& argvs, const std::vector<std::string>& logs,
                           double timeout_s, double grace_s = 1.0, const std::vector<InProcess>& in_process = {});
 
-// The path of the running executable (children re-execute it).
+// The path of the running executable (children started afresh re-execute it).
 std::string self_exe();
 // The last non-empty line of a text file ("" if none): the error a dying child printed.
 std::string last_line(const std::string& path);

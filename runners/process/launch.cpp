@@ -2,12 +2,16 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -39,23 +43,49 @@ std::string value_or(const std::map<std::string, std::string>& env, const std::s
   return it == env.end() || it->second.empty() ? dflt : it->second;
 }
 
-// A listening socket on 127.0.0.1:port (0: any free port) for the store's server: c10d's TCPStore
-// would listen on every interface, and it has no authentication, so a local run must not.
-int loopback_listener(int port) {
+// A listening socket on port (0: any free port) for the store's server, on 127.0.0.1 for ranks that
+// meet on this machine: the store has no authentication, so a local run must not listen beyond it.
+int store_listener(int port, bool loopback) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw std::runtime_error("cannot open a socket");
   const int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_addr.s_addr = htonl(loopback ? INADDR_LOOPBACK : INADDR_ANY);
   a.sin_port = htons(static_cast<uint16_t>(port));
   if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd, SOMAXCONN) != 0) {
     const std::string why = std::strerror(errno);
     close(fd);
-    throw std::runtime_error("cannot listen on 127.0.0.1:" + std::to_string(port) + ": " + why);
+    throw std::runtime_error(std::string("cannot listen on ") + (loopback ? "127.0.0.1:" : "port ") + std::to_string(port) +
+                             ": " + why);
   }
   return fd;
+}
+
+// The store's server in a process of its own, serving on fd until this one ends it (or dies). c10d
+// serves from a thread, and this process forks its cells (InProcess, isolation.hpp): a lock that thread
+// held at a fork would stay held in the child for good (a rank that hung in its rendezvous, once in a
+// whole ctest run). Forked while this process has no other thread; it never forks itself.
+int serve_in_child(int fd, const std::string& addr, c10d::TCPStoreOptions o) {
+  const pid_t parent = getpid();
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
+  if (pid > 0) return pid;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(0);
+  signal(SIGINT, SIG_IGN);  // the run handles Ctrl-C and may still need its store; it ends this one
+  signal(SIGTERM, SIG_IGN);
+  try {
+    o.isServer = true;
+    o.masterListenFd = fd;
+    c10d::TCPStore server(addr, o);
+    for (;;) pause();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "the rendezvous store's server: %s\n", e.what());
+  }
+  _exit(1);
 }
 
 int bound_port(int fd) {
@@ -168,7 +198,14 @@ std::optional<Launch> detect_launch(const std::map<std::string, std::string>& en
 }
 
 RendezvousStore::RendezvousStore(const Launch& launch, double timeout_s) : launch_(launch), timeout_s_(timeout_s) {}
-RendezvousStore::~RendezvousStore() = default;
+RendezvousStore::~RendezvousStore() {
+  holder_.reset();
+  if (server_pid_ > 0) {
+    kill(server_pid_, SIGKILL);
+    while (waitpid(server_pid_, nullptr, 0) < 0 && errno == EINTR) {
+    }
+  }
+}
 
 void RendezvousStore::open() {
   if (store_) return;
@@ -179,11 +216,20 @@ void RendezvousStore::open() {
   o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s_ * 1000));
   try {
     // Ranks that meet on this machine meet on loopback, and the server listens there only; a
-    // multi-node launch's rank 0 listens where the launcher's MASTER_ADDR says peers will come.
-    if (o.isServer && is_loopback(launch_.master_addr)) {
-      o.masterListenFd = loopback_listener(launch_.master_port);
-      launch_.master_port = bound_port(*o.masterListenFd);
+    // multi-node launch's rank 0 listens on every interface, where MASTER_ADDR's peers will come. The
+    // socket is this process's (a busy port is its error); the server is a child's, this a client.
+    if (o.isServer) {
+      const int fd = store_listener(launch_.master_port, is_loopback(launch_.master_addr));
+      launch_.master_port = bound_port(fd);
       o.port = static_cast<std::uint16_t>(launch_.master_port);
+      try {
+        server_pid_ = serve_in_child(fd, launch_.master_addr, o);
+      } catch (...) {
+        close(fd);
+        throw;
+      }
+      close(fd);
+      o.isServer = false;
     }
     auto s = c10::make_intrusive<c10d::TCPStore>(launch_.master_addr, o);
     if (launch_.master_port == 0) launch_.master_port = s->getPort();

@@ -66,6 +66,7 @@ class RendezvousStore {
   double timeout_s_;
   std::shared_ptr<void> holder_;  // keeps the TCPStore alive (its type stays out of this header)
   c10d::Store* store_ = nullptr;
+  int server_pid_ = -1;  // the process that serves the store, where this one does (rank 0)
 };
 
 }  // namespace trainscope::runners

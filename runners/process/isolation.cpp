@@ -131,7 +131,8 @@ GroupOutcome run_children(const std::vector<std::vector<std::string>>& argvs, co
   std::vector<pid_t> pids;
   std::vector<bool> done(argvs.size(), false);
   try {
-    for (size_t i = 0; i < argvs.size(); ++i) pids.push_back(spawn(argvs[i], logs[i], in_process.empty() ? InProcess{} : in_process.at(i)));
+    for (size_t i = 0; i < argvs.size(); ++i)
+      pids.push_back(spawn(argvs[i], logs[i], in_process.empty() ? InProcess{} : in_process.at(i)));
   } catch (...) {
     int st = 0;
     for (pid_t p : pids) kill_and_reap(p, st);

@@ -1,6 +1,7 @@
 #include "runners/process/launch.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -67,12 +68,33 @@ int store_listener(int port, bool loopback) {
 // serves from a thread, and this process forks its cells (InProcess, isolation.hpp): a lock that thread
 // held at a fork would stay held in the child for good (a rank that hung in its rendezvous, once in a
 // whole ctest run). Forked while this process has no other thread; it never forks itself.
+// Returns once the server serves (its pid), or throws what stopped it: a client would otherwise retry
+// its connection for the whole store timeout.
 int serve_in_child(int fd, const std::string& addr, c10d::TCPStoreOptions o) {
+  int ready[2];
+  if (pipe2(ready, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe failed: ") + std::strerror(errno));
   const pid_t parent = getpid();
   std::fflush(nullptr);
   const pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
-  if (pid > 0) return pid;
+  if (pid < 0) {
+    close(ready[0]);
+    close(ready[1]);
+    throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
+  }
+  if (pid > 0) {
+    close(ready[1]);
+    std::string said;
+    char buf[256];
+    for (ssize_t n; (n = read(ready[0], buf, sizeof buf)) != 0;)
+      if (n > 0) said.append(buf, static_cast<size_t>(n));
+      else if (errno != EINTR) break;
+    close(ready[0]);
+    if (said == "ok") return pid;
+    while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    throw std::runtime_error(said.empty() ? "its server process ended" : said);
+  }
+  close(ready[0]);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(0);
   signal(SIGINT, SIG_IGN);  // the run handles Ctrl-C and may still need its store; it ends this one
@@ -81,9 +103,13 @@ int serve_in_child(int fd, const std::string& addr, c10d::TCPStoreOptions o) {
     o.isServer = true;
     o.masterListenFd = fd;
     c10d::TCPStore server(addr, o);
+    (void)!write(ready[1], "ok", 2);
+    close(ready[1]);
     for (;;) pause();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "the rendezvous store's server: %s\n", e.what());
+    const std::string what = e.what();
+    const std::string line = what.substr(0, what.find('\n'));
+    (void)!write(ready[1], line.data(), line.size());
   }
   _exit(1);
 }

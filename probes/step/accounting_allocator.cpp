@@ -6,10 +6,13 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 
+#include <new>
+#include <thread>
+
 namespace trainscope::probes {
 namespace {
 
-std::atomic<int64_t> g_current{0}, g_peak{0}, g_phase_peak{0};
+std::atomic<int64_t> g_current{0}, g_peak{0}, g_phase_peak{0}, g_freed_elsewhere{0};
 std::atomic<bool> g_installed{false};
 std::atomic<int64_t> g_budget{0};
 std::atomic<const char*> g_phase{"setup"};
@@ -20,14 +23,19 @@ void raise_to(std::atomic<int64_t>& target, int64_t value) {
   }
 }
 
-// Each block carries its size in a 64-byte header in front of the data, so the deleter needs no
-// lookup; the DataPtr's context is the data pointer itself, which torch's raw_allocate expects.
+// Each block carries its size and the thread that allocated it in a 64-byte header in front of the
+// data, so the deleter needs no lookup; the DataPtr's context is the data pointer itself, which torch's
+// raw_allocate expects.
 constexpr size_t kHeader = 64;
+constexpr size_t kOwner = 8;  // offset of the allocating thread's id
+static_assert(kOwner + sizeof(std::thread::id) <= kHeader);
 
 void counted_delete(void* data) {
   if (!data) return;
   char* block = static_cast<char*>(data) - kHeader;
   const int64_t bytes = *reinterpret_cast<int64_t*>(block);
+  if (*std::launder(reinterpret_cast<std::thread::id*>(block + kOwner)) != std::this_thread::get_id())
+    g_freed_elsewhere.fetch_add(bytes, std::memory_order_relaxed);
   AccountingAllocator::on_free(bytes);
   c10::free_cpu(block);
 }
@@ -44,6 +52,7 @@ class CountingCpuAllocator final : public c10::Allocator {
     }
     char* block = static_cast<char*>(c10::alloc_cpu(n + kHeader));
     *reinterpret_cast<int64_t*>(block) = static_cast<int64_t>(n);
+    new (block + kOwner) std::thread::id(std::this_thread::get_id());
     AccountingAllocator::on_alloc(static_cast<int64_t>(n));
     void* data = block + kHeader;
     return {data, data, &counted_delete, c10::Device(c10::DeviceType::CPU)};
@@ -82,6 +91,7 @@ bool AccountingAllocator::installed() { return g_installed.load(); }
 int64_t AccountingAllocator::current() { return g_current.load(); }
 int64_t AccountingAllocator::peak() { return g_peak.load(); }
 int64_t AccountingAllocator::phase_peak() { return g_phase_peak.load(); }
+int64_t AccountingAllocator::freed_elsewhere() { return g_freed_elsewhere.load(); }
 void AccountingAllocator::reset_peak() { g_peak.store(g_current.load()); }
 void AccountingAllocator::reset_phase_peak() { g_phase_peak.store(g_current.load()); }
 

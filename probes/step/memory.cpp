@@ -20,6 +20,7 @@ void MemoryProbe::run_begin(const RunInfo& info) {
 #endif
   baseline_ = live_now();
   if (!cuda_) {
+    freed_elsewhere_ = AccountingAllocator::freed_elsewhere();
     AccountingAllocator::reset_peak();
     AccountingAllocator::set_budget(budget_);
   }
@@ -94,7 +95,10 @@ void MemoryProbe::run_end(const RunEnd& e) {
   AccountingAllocator::set_budget(0);
   model_state_ = e.model_state;
   have_end_ = true;
-  if (!cuda_) peak_ = std::max(peak_, AccountingAllocator::peak());
+  if (!cuda_) {
+    peak_ = std::max(peak_, AccountingAllocator::peak());
+    freed_elsewhere_ = AccountingAllocator::freed_elsewhere() - freed_elsewhere_;
+  }
 }
 
 json MemoryProbe::section() const {
@@ -125,6 +129,10 @@ json MemoryProbe::section() const {
         model_state_.params + model_state_.grads + model_state_.optimizer - model_state_.expected;
   }
   if (budget_ > 0 && !cuda_) j["budget_bytes"] = budget_;
+  // How far the CPU counts above depend on thread timing: storage freed on another thread than the one
+  // that allocated it during the training steps (0 when every collective's tensors die on the training
+  // thread, as trainscope's own do).
+  if (!cuda_ && have_end_) j["freed_off_thread_bytes"] = freed_elsewhere_;
   if (cuda_) {
     j["reserved_peak_bytes"] = reserved_peak_;
     j["alloc_retries"] = alloc_retries_;

@@ -21,6 +21,10 @@ class AccountingAllocator {
   static int64_t current();
   static int64_t peak();
   static int64_t phase_peak();
+  // Bytes freed on another thread than the one that allocated them (a communication backend's thread
+  // dropping the last reference): when that happens is up to the scheduler, and so are the peaks, by
+  // up to this much.
+  static int64_t freed_elsewhere();
   static void reset_peak();        // peak := current
   static void reset_phase_peak();  // phase peak := current
   // A budget (0: none): an allocation that would take the live bytes past it throws
@@ -61,6 +65,7 @@ class MemoryProbe : public Probe {
   int64_t step_phase_[3] = {0, 0, 0}, plain_phase_[3] = {0, 0, 0};
   bool plain_seen_ = false;
   int64_t reserved_peak_ = 0, alloc_retries_ = 0, ooms_ = 0;
+  int64_t freed_elsewhere_ = 0;  // at run_begin, then over the run
   ModelStateBytes model_state_;
   bool have_end_ = false;
   int64_t budget_ = 0;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <thread>
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -127,7 +128,18 @@ void Communicator::wait(const c10::intrusive_ptr<c10d::Work>& w) {
   w->wait();
   // NCCL's wait only orders the streams; the host clock needs the device to finish.
   if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+  if (backend_ == "gloo") release_on_this_thread(w);
   if (collecting_ && device_clock_) waited_.push_back(w);
+}
+
+// Gloo's worker thread marks a work complete and only then lets go of it; were it the last holder, the
+// work's tensors (a reduce-scatter's whole input, which the caller drops at once) would be freed on that
+// thread whenever it gets to it, and the step's measured peak would depend on that race. Waiting the few
+// microseconds until the caller's reference is the last one frees them here, at the caller's next line.
+// Bounded: a backend that keeps its reference longer costs the measurement's exactness, never the run.
+void release_on_this_thread(const c10::intrusive_ptr<c10d::Work>& w) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  while (w.use_count() > 1 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
 }
 
 // Negative when the device clock cannot tell (its events missing): the caller keeps the host's figure.

@@ -38,6 +38,10 @@ struct Rendezvous {
 
 class Communicator;
 
+// After a CPU (Gloo) work's wait: returns once the caller holds the work's last reference, so that the
+// tensors it keeps are freed on the caller's thread (comm.cpp says why); at most 200 ms.
+void release_on_this_thread(const c10::intrusive_ptr<c10d::Work>& w);
+
 // A collective in flight (zero3's prefetch). wait() blocks until it is done and reports it: its time
 // from launch to completion, and the part the caller spent blocked as the exposed part.
 class PendingCollective {

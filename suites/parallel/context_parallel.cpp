@@ -143,7 +143,10 @@ class Ring {
   }
   void wait() {
     const double t0 = now_s();
-    for (auto& w : works_) w->wait();
+    for (auto& w : works_) {
+      w->wait();
+      if (cp_.group->backend() == "gloo") release_on_this_thread(w);
+    }
     const double t1 = now_s();
     if (!works_.empty()) {
       cp_.group->report(CollectiveInfo{"send", bytes_, 2, t1 - posted_, t1 - t0, cp_.group->step(), 0.0, "", ""});

@@ -249,6 +249,7 @@ void Pipeline::complete_sends(int64_t after) {
     }
     const double t0 = now_s();
     s.work->wait();
+    if (group_->backend() == "gloo") release_on_this_thread(s.work);
     group_->report(CollectiveInfo{"send", bytes_of(s.tensor), 2, now_s() - t0, 0.0, group_->step(), 0.0, "", ""});
   }
   sends_ = std::move(pending);

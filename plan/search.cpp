@@ -148,13 +148,19 @@ std::vector<LayoutChoice> layouts(const PlanRequest& r) {
   const int64_t ranks = r.cluster.ranks();
   const bool sp = setting(r, "sequence_parallel", "true") == "true";
   std::vector<LayoutChoice> out;
+  std::string indivisible;  // the first degrees found not to divide the ranks: the error when none does
+  bool divisible = false, implemented = false;
   for (int64_t tp : tp_degrees(r))
     for (int64_t pp : pp_degrees(r, ranks / std::max<int64_t>(1, tp)))
       for (int64_t cp : cp_degrees(r, ranks / std::max<int64_t>(1, tp * pp))) {
-      if (ranks % (tp * pp * cp) != 0)
-        throw UsageError("plan: tp=" + std::to_string(tp) + " x pp=" + std::to_string(pp) + " x cp=" + std::to_string(cp) +
-                         " does not divide " + std::to_string(ranks) + " rank(s)");
+      // A degree `--set` fixed beside searched ones: the searched degrees it does not divide are no candidates.
+      if (ranks % (tp * pp * cp) != 0) {
+        if (indivisible.empty()) indivisible = "tp=" + std::to_string(tp) + " x pp=" + std::to_string(pp) + " x cp=" + std::to_string(cp);
+        continue;
+      }
+      divisible = true;
       if (cp > 1 && pp > 1) continue;  // not implemented together (core/layout.hpp: layout_unsupported)
+      implemented = true;
       const int64_t dp = ranks / (tp * pp * cp), node = r.cluster.gpus_per_node / std::max<int64_t>(1, tp * cp);
       std::vector<std::string> names = {"ddp", "zero1", "zero2", "zero3"};
       // hsdp: a node's ranks shard, the nodes replicate (with pp: when the data-parallel ranks span nodes).
@@ -179,9 +185,14 @@ std::vector<LayoutChoice> layouts(const PlanRequest& r) {
             out.push_back({p, resolve_layout(c), tp > 1 && sp, schedule, pp == 1 ? 1 : stages_per_rank(r, schedule), method});
           }
       }
-  if (out.empty())
-    throw UsageError("plan: parallel=" + r.fixed.at("parallel") + " does not match " + std::to_string(ranks) + " rank(s)" +
-                     (r.fixed.count("tp") ? " with tp=" + r.fixed.at("tp") : ""));
+  if (!divisible) throw UsageError("plan: " + indivisible + " does not divide " + std::to_string(ranks) + " rank(s)");
+  if (!implemented) throw UsageError("plan: cp with pp is not implemented in this build yet");
+  if (out.empty()) {
+    std::string with;
+    for (const char* key : {"tp", "pp", "cp"})
+      if (r.fixed.count(key)) with += (with.empty() ? " with " : " x ") + std::string(key) + "=" + r.fixed.at(key);
+    throw UsageError("plan: parallel=" + r.fixed.at("parallel") + " does not match " + std::to_string(ranks) + " rank(s)" + with);
+  }
   return out;
 }
 

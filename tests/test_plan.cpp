@@ -315,7 +315,10 @@ TEST(Plan, BadInputIsOneLineAndExitTwo) {
                                  "plan --model gpt-tiny --hardware /nonexistent/hw", "plan --model mlp",
                                  "plan --model llama3-8b --set parallel=ddp --gpus-per-node 1",
                                  "plan --model llama3-405b --set pp=0 --gpus-per-node 8",
-                                 "plan --model llama3-405b --set pp_schedule=dualpipe --gpus-per-node 8"}) {
+                                 "plan --model llama3-405b --set pp_schedule=dualpipe --gpus-per-node 8",
+                                 "plan --model llama3-8b --nodes 2 --seq 65536 --set cp=3",
+                                 "plan --model llama3-8b --nodes 2 --seq 65536 --set pp=2 --set cp=2",
+                                 "plan --model llama3-8b --nodes 2 --set tp=8 --set pp=2 --set parallel=zero3"}) {
     const Result r = ts(args);
     EXPECT_EQ(r.code, 2) << args << ": " << r.out;
     EXPECT_EQ(lines(r.out), 1) << args << ": " << r.out;
@@ -582,6 +585,22 @@ TEST(Plan, ContextParallelSplitsTheSequence) {
   const Result bad = ts(base + " --set cp_method=ulysses");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.out.find("expected ring or allgather"), std::string::npos) << bad.out;
+}
+
+// A degree fixed with --set beside searched ones: the search keeps the others that divide the ranks with
+// it (16 ranks, cp 4: tp 1, 2 and 4, not tp 8) instead of refusing the request.
+TEST(Plan, AFixedCpSearchesTheTensorParallelDegreesThatDivideWithIt) {
+  const Result r = ts("plan --model llama3-8b --seq 65536 --gpus-per-node 8 --nodes 2 --set cp=4 --format json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json plan = json::parse(r.out);
+  std::set<int64_t> tps;
+  for (const auto& c : plan["candidates"]) {
+    EXPECT_EQ(c["layout"]["cp"], 4) << c["label"];
+    const int64_t tp = c["layout"]["tp"], pp = c["layout"]["pp"];
+    EXPECT_EQ(16 % (tp * pp * 4), 0) << c["label"];
+    tps.insert(tp);
+  }
+  EXPECT_EQ(tps, (std::set<int64_t>{1, 2, 4}));
 }
 
 }  // namespace

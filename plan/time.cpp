@@ -206,21 +206,64 @@ void pipeline_bubble(TimePrediction& t, const StepSetup& s, const DeviceProfile&
                 {"in_flight", run.peak_in_flight}};
 }
 
-}  // namespace
+// What the step's compute and data-parallel parts read of the parameters and the strategy.
+struct DataParallel {
+  ParamLayout layout;  // the parameters as tensors: the root's, then each block's
+  int64_t total = 0, W = 1, pe = 0, gelem = 0, unit_group = 1;  // W data-parallel ranks; gelem: a gradient's bytes as reduced
+  std::string st;
+  bool master = false, units = false;
+};
 
-json TimePrediction::to_json() const {
-  return {{"forward_s", forward_s},   {"backward_s", backward_s}, {"recompute_s", recompute_s},
-          {"optimizer_s", optimizer_s}, {"compute_s", compute_s}, {"host_s", host_s}, {"device_s", device_s}, {"comm_s", comm_s},
-          {"exposed_comm_s", exposed_comm_s}, {"step_s", step_s}, {"bound", bound},
-          {"collectives", collectives}, {"overlap_rule", overlap_rule}, {"breakdown", breakdown},
-          {"in_step", in_step.empty() ? json() : json(in_step)}, {"bubble_s", bubble_s}, {"pipeline", pipeline}};
+DataParallel data_parallel_of(const StepSetup& s) {
+  DataParallel z;
+  z.layout = param_layout(s.replay);
+  z.total = z.layout.total();
+  z.W = s.data_parallel();
+  z.pe = s.replay.num.param;
+  z.st = s.strategy();
+  z.master = s.replay.num.master > 0;
+  z.units = s.units();
+  z.unit_group = z.st == "zero3" || z.st == "hsdp" ? s.sharding() : 1;
+  z.gelem = z.master ? s.replay.num.reduce : z.pe;
+  return z;
 }
 
-TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const DeviceProfile& d, const Cluster& c,
-                            int64_t accumulation, double cpu_share) {
-  TimePrediction t;
-  if (s.pipelined()) accumulation *= s.schedule.microbatches;  // the replay recorded one micro-batch of this rank's stages
-  const std::string dtype = d.has(s.replay.num.gemm_dtype) ? s.replay.num.gemm_dtype : "fp32";
+int64_t sum_of(const std::vector<int64_t>& numels) { return std::accumulate(numels.begin(), numels.end(), int64_t{0}); }
+
+// The optimizer: LibTorch's AdamW makes ~9 kernels and ~23 element accesses per parameter element
+// (decay, both moments, sqrt, division, the update); SGD with momentum ~3 and ~8. Its tensors: every
+// parameter (single, ddp), each unit's shard (zero3, hsdp, a unit per block), or one flat shard (zero1,
+// zero2). Returns {seconds, of which the host's dispatch}, before the CPU share and calibration.
+std::pair<double, double> optimizer_seconds(const StepSetup& s, const DeviceProfile& d, const DataParallel& z) {
+  std::vector<int64_t> tensors;
+  if (!z.units && (z.st == "single" || z.st == "ddp")) {
+    tensors = z.layout.root;
+    for (const auto& b : z.layout.blocks) tensors.insert(tensors.end(), b.begin(), b.end());
+  } else if (z.units) {
+    const int64_t N = z.unit_group;
+    tensors.push_back(padded(sum_of(z.layout.root), N) / N);
+    for (const auto& b : z.layout.blocks) tensors.push_back(padded(sum_of(b), N) / N);
+  } else {
+    tensors.push_back(padded(z.total, z.W) / z.W);
+  }
+  const bool sgd = s.optimizer == "sgd";
+  const int64_t oe = s.replay.num.optimizer_bytes();
+  double seconds = 0, host = 0;
+  for (int64_t n : tensors) {
+    if (n == 0) continue;  // another pipeline stage's (emptied, no gradient: the optimizer skips it)
+    host += (sgd ? 3 : 9) * d.op_overhead_s;
+    seconds += (sgd ? 3 : 9) * d.op_overhead_s + d.memory_seconds(static_cast<double>((sgd ? 8 : 23) * n * oe));
+  }
+  return {seconds, host};
+}
+
+// Forward, backward, recompute and the optimizer, and how they add up to the step's compute: the host's
+// dispatch (per operator, backward node and optimizer kernel) and the kernels themselves. A CPU runs
+// them one after the other. On a GPU they run concurrently, the host queueing kernels ahead of the
+// device, so the step takes the longer of the two (the H200 check, docs/plan.md: the device part within
+// 5% of the timeline's busy time on gpt-125m and llama3-1b).
+void compute_time(TimePrediction& t, const StepSetup& s, const MemoryPrediction& m, const DeviceProfile& d, const DataParallel& z,
+                  const std::string& dtype, int64_t accumulation, double cpu_share) {
   const double slow = 1.0 / std::max(1e-9, cpu_share);
   Pass f = cost_of(m.forward_costs, d, dtype);
   Pass r = cost_of(m.recompute_costs, d, dtype);
@@ -236,165 +279,168 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
   t.forward_s = (f.forward + f.ops * op_s) * slow;
   t.backward_s = (f.backward + f.ops * node_s) * slow;
   t.recompute_s = (r.forward + r.ops * (op_s + node_s)) * slow;
-  // The optimizer: LibTorch's AdamW makes ~9 kernels and ~23 element accesses per parameter element
-  // (decay, both moments, sqrt, division, the update); SGD with momentum ~3 and ~8.
-  const ParamLayout layout = param_layout(s.replay);
-  const int64_t total = layout.total(), W = s.data_parallel(), pe = s.replay.num.param, oe = s.replay.num.optimizer_bytes();
-  const std::string st = s.strategy();
-  const bool master = s.replay.num.master > 0;
-  const bool sharded = st == "zero3" || st == "hsdp", units = s.units();
-  const int64_t unit_group = sharded ? s.sharding() : 1;
-  const int64_t gelem = master ? s.replay.num.reduce : pe;  // the gradients' bytes as reduced
-  std::vector<int64_t> opt_tensors;
-  if (!units && (st == "single" || st == "ddp")) {
-    opt_tensors = layout.root;
-    for (const auto& b : layout.blocks) opt_tensors.insert(opt_tensors.end(), b.begin(), b.end());
-  } else if (units) {
-    const int64_t N = unit_group;
-    opt_tensors.push_back(padded(std::accumulate(layout.root.begin(), layout.root.end(), int64_t{0}), N) / N);
-    for (const auto& b : layout.blocks) opt_tensors.push_back(padded(std::accumulate(b.begin(), b.end(), int64_t{0}), N) / N);
-  } else {
-    opt_tensors.push_back(padded(total, W) / W);
-  }
-  const bool sgd = s.optimizer == "sgd";
-  double optimizer_host = 0;
-  for (int64_t n : opt_tensors) {
-    if (n == 0) continue;  // another pipeline stage's (emptied, no gradient: the optimizer skips it)
-    optimizer_host += (sgd ? 3 : 9) * d.op_overhead_s;
-    t.optimizer_s += (sgd ? 3 : 9) * d.op_overhead_s + d.memory_seconds(static_cast<double>((sgd ? 8 : 23) * n * oe));
-  }
-  t.optimizer_s *= slow * (cal ? cal->optimizer : 1.0);
+  const auto [optimizer_s, optimizer_host] = optimizer_seconds(s, d, z);
+  t.optimizer_s = optimizer_s * slow * (cal ? cal->optimizer : 1.0);
   const double micro = t.forward_s + t.backward_s + t.recompute_s;
-  // The host's dispatch (per operator, backward node and optimizer kernel) and the kernels themselves.
-  // A CPU runs them one after the other. On a GPU they run concurrently, the host queueing kernels
-  // ahead of the device, so the step takes the longer of the two (the H200 check, docs/plan.md: the
-  // device part within 5% of the timeline's busy time on gpt-125m and llama3-1b).
   t.host_s = (static_cast<double>(accumulation * (f.ops + r.ops)) * (op_s + node_s) + optimizer_host) * slow;
   t.device_s = accumulation * micro + t.optimizer_s - t.host_s;
   t.compute_s = d.gpu ? std::max(t.host_s, t.device_s) : t.host_s + t.device_s;
+}
 
-  // ---- communication ---------------------------------------------------------------------------
-  const bool inter = c.nodes > 1;
-  auto add = [&](const std::string& op, double bytes, double calls, double exposed) {
-    const double sec = d.collective_seconds(op, bytes, W, inter);
-    t.comm_s += sec * calls;
-    t.exposed_comm_s += exposed;
-    t.collectives.push_back({{"op", op}, {"bytes", bytes}, {"calls", calls}, {"seconds", sec * calls}, {"exposed_s", exposed}});
-    return sec;
-  };
-  if (W > 1 && st != "single") {
-    const double grads = static_cast<double>(total * pe);
-    if (master && (st == "zero1" || st == "zero2")) {
-      // MasterZero12: one reduce-scatter of the whole gradient in reduce_dtype after backward, one
-      // all-gather of the bf16 copy after the step: nothing left to hide either.
-      const double flat = static_cast<double>(padded(total, W));
-      add("reduce-scatter", flat * static_cast<double>(gelem), 1, d.collective_seconds("reduce-scatter", flat * gelem, W, inter));
-      add("all-gather", flat * static_cast<double>(pe), 1, d.collective_seconds("all-gather", flat * pe, W, inter));
-      t.overlap_rule = "the gradients reduce-scattered after backward and the parameters all-gathered after the step: exposed";
-    } else if (!units && (st == "ddp" || st == "zero1" || st == "zero2")) {
-      // Buckets as c10d's compute_bucket_assignment_by_size makes them: whole parameters in order, a
-      // bucket closed once it reaches its limit (1 MiB for the first, bucket_mb after), reduced as
-      // backward produces them: hidden behind the rest of backward, except what outlasts it and the
-      // last bucket, which starts at its end.
-      const double cap = std::max(1.0, s.bucket_mb * 1024 * 1024), first = std::min(cap, 1024.0 * 1024);
-      std::vector<double> buckets;
-      double open = 0;
-      auto add_param = [&](int64_t numel) {
-        open += static_cast<double>(numel * pe);
-        if (open >= (buckets.empty() ? first : cap)) {
-          buckets.push_back(open);
-          open = 0;
-        }
-      };
-      for (int64_t n : layout.root) add_param(n);
-      for (const auto& b : layout.blocks)
-        for (int64_t n : b) add_param(n);
-      if (open > 0) buckets.push_back(open);
-      const std::string op = st == "zero2" ? "reduce-scatter" : "all-reduce";
-      double sum = 0, last = 0;
-      for (double b : buckets) {
-        last = d.collective_seconds(op, b, W, inter);
-        sum += last;
-      }
-      const double exposed = std::max(last, sum - t.backward_s);
-      t.comm_s += sum;
-      t.exposed_comm_s += exposed;
-      t.collectives.push_back({{"op", op}, {"bytes", grads}, {"calls", buckets.size()}, {"seconds", sum}, {"exposed_s", exposed}});
-      if (st != "ddp") {
-        const double flat = static_cast<double>(padded(total, W) * pe);
-        const double ag = d.collective_seconds("all-gather", flat, W, inter);
-        add("all-gather", flat, 1, ag);  // after the optimizer step: nothing left to hide it
-      }
-      t.overlap_rule = "gradient buckets reduced during backward (exposed: what outlasts backward, at least the last bucket)" +
-                       std::string(st == "ddp" ? "" : "; the parameter all-gather after the step is exposed");
-    } else if (units) {
-      // Each block: all-gather before its forward and again before its backward, reduce-scatter of its
-      // gradients after. With prefetch the next block's gather runs under the current block's compute.
-      // hsdp runs these within its shard group of N ranks (inside a node when N fits one: the fast
-      // links), then all-reduces each gradient slice across the W/N groups, synchronously.
-      const int64_t N = unit_group, R = W / std::max<int64_t>(N, 1);
-      const bool shard_inter = N * s.replay.tp > c.gpus_per_node && c.nodes > 1;  // tp innermost: N x tp GPUs
-      double ar_total = 0, ar_bytes = 0;
-      auto replicas = [&](int64_t unit_bytes, double calls) {
-        if (R < 2) return;
-        const double slice = static_cast<double>(unit_bytes / N / pe * gelem);
-        ar_total += d.collective_seconds("all-reduce", slice, R, inter) * calls;
-        ar_bytes += slice * calls;
-      };
-      std::vector<size_t> held;  // this rank's blocks (under pp the other stages' are empty)
-      for (size_t i = 0; i < layout.blocks.size(); ++i)
-        if (std::accumulate(layout.blocks[i].begin(), layout.blocks[i].end(), int64_t{0}) > 0) held.push_back(i);
-      const size_t blocks = held.size();
-      const double per_block_fwd = blocks ? (t.forward_s / static_cast<double>(blocks)) : 0;
-      const double per_block_bwd = blocks ? ((t.backward_s + t.recompute_s) / static_cast<double>(blocks)) : 0;
-      double ag_total = 0, ag_exposed = 0, rs_total = 0;
-      const double root = static_cast<double>(padded(std::accumulate(layout.root.begin(), layout.root.end(), int64_t{0}), N) * pe);
-      const double root_ag = d.collective_seconds("all-gather", root, N, shard_inter);
-      const double root_rs = d.collective_seconds("reduce-scatter", root / pe * gelem, N, shard_inter);
-      // reshard_after_forward: false keeps the gathered block until its backward (no second gather); r
-      // gathers it again over r ranks from the slices kept.
-      const std::string& how = s.reshard_after_forward;
-      int64_t r = how == "true" || how == "false" ? (how == "true" ? N : 1) : std::stoll(how);
-      // Inside a pipeline stage each block is gathered once and reduce-scattered once per step
-      // (StepSetup::reduce_deferred).
-      const bool kept = s.reduce_deferred();
-      const double per_step = kept ? 1.0 : static_cast<double>(accumulation);
-      if (kept) r = 1;
-      replicas(static_cast<int64_t>(root), 1);
-      ag_total += root_ag;
-      ag_exposed += root_ag;
-      for (size_t i = 0; i < blocks; ++i) {
-        const auto& block = layout.blocks[held[i]];
-        const double bytes = static_cast<double>(padded(std::accumulate(block.begin(), block.end(), int64_t{0}), N) * pe);
-        const double ag = d.collective_seconds("all-gather", bytes, N, shard_inter);
-        const double ag_back = r >= N ? ag : r == 1 ? 0 : d.collective_seconds("all-gather", bytes, r, false);
-        const double rs = d.collective_seconds("reduce-scatter", bytes / pe * gelem, N, shard_inter);
-        replicas(static_cast<int64_t>(bytes), per_step);
-        ag_total += (ag + ag_back) * per_step;
-        rs_total += rs * per_step;
-        const bool first_f = i == 0, first_b = i + 1 == blocks;
-        const double ef = s.prefetch && !first_f ? std::max(0.0, ag - per_block_fwd) : ag;
-        // A kept block or slice is not prefetched in backward (suites/parallel/fully_shard.cpp).
-        const double eb = s.prefetch && !first_b && r >= N ? std::max(0.0, ag_back - per_block_bwd) : ag_back;
-        ag_exposed += (ef + eb) * per_step;
-      }
-      t.comm_s += ag_total + rs_total + root_rs + ar_total;
-      t.exposed_comm_s += ag_exposed + rs_total + root_rs + ar_total;
-      if (ar_total > 0) {
-        t.collectives.push_back({{"op", "all-reduce"}, {"bytes", ar_bytes}, {"seconds", ar_total}, {"exposed_s", ar_total},
-                                 {"level", inter ? "inter-node" : "intra-node"}});
-        t.inter_comm_s = inter ? ar_total : 0;
-      }
-      t.collectives.push_back({{"op", "all-gather"}, {"seconds", ag_total}, {"exposed_s", ag_exposed}});
-      t.collectives.push_back({{"op", "reduce-scatter"}, {"seconds", rs_total + root_rs}, {"exposed_s", rs_total + root_rs}});
-      if (c.nodes > 1)  // which links the shard group's collectives cross
-        for (size_t k = t.collectives.size() - 2; k < t.collectives.size(); ++k) t.collectives[k]["level"] = shard_inter ? "inter-node" : "intra-node";
-      t.overlap_rule = s.prefetch ? "each block's all-gather prefetched under the previous block's compute (exposed: what outlasts it, "
-                                    "and the first); reduce-scatters are synchronous (exposed)"
-                                  : "no prefetch: every all-gather and reduce-scatter is exposed";
-      if (R > 1) t.overlap_rule += "; the gradient slices' all-reduce across the shard groups is synchronous (exposed)";
+// One collective over the W data-parallel ranks, `calls` times, of which `exposed` seconds are waited for.
+double add_collective(TimePrediction& t, const DeviceProfile& d, const DataParallel& z, bool inter, const std::string& op, double bytes,
+                      double calls, double exposed) {
+  const double sec = d.collective_seconds(op, bytes, z.W, inter);
+  t.comm_s += sec * calls;
+  t.exposed_comm_s += exposed;
+  t.collectives.push_back({{"op", op}, {"bytes", bytes}, {"calls", calls}, {"seconds", sec * calls}, {"exposed_s", exposed}});
+  return sec;
+}
+
+// MasterZero12: one reduce-scatter of the whole gradient in reduce_dtype after backward, one all-gather
+// of the bf16 copy after the step: nothing left to hide either.
+void master_zero12_collectives(TimePrediction& t, const DeviceProfile& d, const DataParallel& z, bool inter) {
+  const double flat = static_cast<double>(padded(z.total, z.W));
+  add_collective(t, d, z, inter, "reduce-scatter", flat * static_cast<double>(z.gelem), 1,
+                 d.collective_seconds("reduce-scatter", flat * z.gelem, z.W, inter));
+  add_collective(t, d, z, inter, "all-gather", flat * static_cast<double>(z.pe), 1, d.collective_seconds("all-gather", flat * z.pe, z.W, inter));
+  t.overlap_rule = "the gradients reduce-scattered after backward and the parameters all-gathered after the step: exposed";
+}
+
+// ddp, zero1, zero2: buckets as c10d's compute_bucket_assignment_by_size makes them: whole parameters in
+// order, a bucket closed once it reaches its limit (1 MiB for the first, bucket_mb after), reduced as
+// backward produces them: hidden behind the rest of backward, except what outlasts it and the last
+// bucket, which starts at its end. zero1/zero2 all-gather the parameters after the step.
+void bucketed_collectives(TimePrediction& t, const StepSetup& s, const DeviceProfile& d, const DataParallel& z, bool inter) {
+  const double cap = std::max(1.0, s.bucket_mb * 1024 * 1024), first = std::min(cap, 1024.0 * 1024);
+  std::vector<double> buckets;
+  double open = 0;
+  auto add_param = [&](int64_t numel) {
+    open += static_cast<double>(numel * z.pe);
+    if (open >= (buckets.empty() ? first : cap)) {
+      buckets.push_back(open);
+      open = 0;
     }
+  };
+  for (int64_t n : z.layout.root) add_param(n);
+  for (const auto& b : z.layout.blocks)
+    for (int64_t n : b) add_param(n);
+  if (open > 0) buckets.push_back(open);
+  const std::string op = z.st == "zero2" ? "reduce-scatter" : "all-reduce";
+  double sum = 0, last = 0;
+  for (double b : buckets) {
+    last = d.collective_seconds(op, b, z.W, inter);
+    sum += last;
   }
+  const double exposed = std::max(last, sum - t.backward_s);
+  t.comm_s += sum;
+  t.exposed_comm_s += exposed;
+  t.collectives.push_back({{"op", op}, {"bytes", static_cast<double>(z.total * z.pe)}, {"calls", buckets.size()}, {"seconds", sum},
+                           {"exposed_s", exposed}});
+  if (z.st != "ddp") {
+    const double flat = static_cast<double>(padded(z.total, z.W) * z.pe);
+    add_collective(t, d, z, inter, "all-gather", flat, 1, d.collective_seconds("all-gather", flat, z.W, inter));  // after the step: nothing hides it
+  }
+  t.overlap_rule = "gradient buckets reduced during backward (exposed: what outlasts backward, at least the last bucket)" +
+                   std::string(z.st == "ddp" ? "" : "; the parameter all-gather after the step is exposed");
+}
+
+// zero3 and hsdp, a unit per block: each block gathered before its forward and again before its
+// backward, its gradients reduce-scattered after; with prefetch the next block's gather runs under the
+// current block's compute. hsdp runs these within its shard group of N ranks (inside a node when N fits
+// one: the fast links), then all-reduces each gradient slice across the W/N groups, synchronously.
+void sharded_unit_collectives(TimePrediction& t, const StepSetup& s, const DeviceProfile& d, const Cluster& c, const DataParallel& z,
+                              int64_t accumulation) {
+  const bool inter = c.nodes > 1;
+  const int64_t N = z.unit_group, R = z.W / std::max<int64_t>(N, 1), pe = z.pe;
+  const bool shard_inter = N * s.replay.tp > c.gpus_per_node && c.nodes > 1;  // tp innermost: N x tp GPUs
+  double ar_total = 0, ar_bytes = 0;
+  auto replicas = [&](int64_t unit_bytes, double calls) {
+    if (R < 2) return;
+    const double slice = static_cast<double>(unit_bytes / N / pe * z.gelem);
+    ar_total += d.collective_seconds("all-reduce", slice, R, inter) * calls;
+    ar_bytes += slice * calls;
+  };
+  std::vector<size_t> held;  // this rank's blocks (under pp the other stages' are empty)
+  for (size_t i = 0; i < z.layout.blocks.size(); ++i)
+    if (sum_of(z.layout.blocks[i]) > 0) held.push_back(i);
+  const size_t blocks = held.size();
+  const double per_block_fwd = blocks ? (t.forward_s / static_cast<double>(blocks)) : 0;
+  const double per_block_bwd = blocks ? ((t.backward_s + t.recompute_s) / static_cast<double>(blocks)) : 0;
+  const double root = static_cast<double>(padded(sum_of(z.layout.root), N) * pe);
+  const double root_ag = d.collective_seconds("all-gather", root, N, shard_inter);
+  const double root_rs = d.collective_seconds("reduce-scatter", root / pe * z.gelem, N, shard_inter);
+  // reshard_after_forward: false keeps the gathered block until its backward (no second gather); r
+  // gathers it again over r ranks from the slices kept. Inside a pipeline stage each block is gathered
+  // once and reduce-scattered once per step (StepSetup::reduce_deferred).
+  const std::string& how = s.reshard_after_forward;
+  const bool kept = s.reduce_deferred();
+  const int64_t r = kept ? 1 : how == "true" || how == "false" ? (how == "true" ? N : 1) : std::stoll(how);
+  const double per_step = kept ? 1.0 : static_cast<double>(accumulation);
+  replicas(static_cast<int64_t>(root), 1);
+  double ag_total = root_ag, ag_exposed = root_ag, rs_total = 0;
+  for (size_t i = 0; i < blocks; ++i) {
+    const double bytes = static_cast<double>(padded(sum_of(z.layout.blocks[held[i]]), N) * pe);
+    const double ag = d.collective_seconds("all-gather", bytes, N, shard_inter);
+    const double ag_back = r >= N ? ag : r == 1 ? 0 : d.collective_seconds("all-gather", bytes, r, false);
+    const double rs = d.collective_seconds("reduce-scatter", bytes / pe * z.gelem, N, shard_inter);
+    replicas(static_cast<int64_t>(bytes), per_step);
+    ag_total += (ag + ag_back) * per_step;
+    rs_total += rs * per_step;
+    const bool first_f = i == 0, first_b = i + 1 == blocks;
+    const double ef = s.prefetch && !first_f ? std::max(0.0, ag - per_block_fwd) : ag;
+    // A kept block or slice is not prefetched in backward (suites/parallel/fully_shard.cpp).
+    const double eb = s.prefetch && !first_b && r >= N ? std::max(0.0, ag_back - per_block_bwd) : ag_back;
+    ag_exposed += (ef + eb) * per_step;
+  }
+  t.comm_s += ag_total + rs_total + root_rs + ar_total;
+  t.exposed_comm_s += ag_exposed + rs_total + root_rs + ar_total;
+  if (ar_total > 0) {
+    t.collectives.push_back({{"op", "all-reduce"}, {"bytes", ar_bytes}, {"seconds", ar_total}, {"exposed_s", ar_total},
+                             {"level", inter ? "inter-node" : "intra-node"}});
+    t.inter_comm_s = inter ? ar_total : 0;
+  }
+  t.collectives.push_back({{"op", "all-gather"}, {"seconds", ag_total}, {"exposed_s", ag_exposed}});
+  t.collectives.push_back({{"op", "reduce-scatter"}, {"seconds", rs_total + root_rs}, {"exposed_s", rs_total + root_rs}});
+  if (c.nodes > 1)  // which links the shard group's collectives cross
+    for (size_t k = t.collectives.size() - 2; k < t.collectives.size(); ++k) t.collectives[k]["level"] = shard_inter ? "inter-node" : "intra-node";
+  t.overlap_rule = s.prefetch ? "each block's all-gather prefetched under the previous block's compute (exposed: what outlasts it, "
+                                "and the first); reduce-scatters are synchronous (exposed)"
+                              : "no prefetch: every all-gather and reduce-scatter is exposed";
+  if (R > 1) t.overlap_rule += "; the gradient slices' all-reduce across the shard groups is synchronous (exposed)";
+}
+
+// The data-parallel dimension's collectives, by strategy (single: none).
+void data_parallel_collectives(TimePrediction& t, const StepSetup& s, const DeviceProfile& d, const Cluster& c, const DataParallel& z,
+                               int64_t accumulation) {
+  if (z.W <= 1 || z.st == "single") return;
+  const bool inter = c.nodes > 1;
+  if (z.master && (z.st == "zero1" || z.st == "zero2"))
+    master_zero12_collectives(t, d, z, inter);
+  else if (!z.units && (z.st == "ddp" || z.st == "zero1" || z.st == "zero2"))
+    bucketed_collectives(t, s, d, z, inter);
+  else if (z.units)
+    sharded_unit_collectives(t, s, d, c, z, accumulation);
+}
+
+}  // namespace
+
+json TimePrediction::to_json() const {
+  return {{"forward_s", forward_s},   {"backward_s", backward_s}, {"recompute_s", recompute_s},
+          {"optimizer_s", optimizer_s}, {"compute_s", compute_s}, {"host_s", host_s}, {"device_s", device_s}, {"comm_s", comm_s},
+          {"exposed_comm_s", exposed_comm_s}, {"step_s", step_s}, {"bound", bound},
+          {"collectives", collectives}, {"overlap_rule", overlap_rule}, {"breakdown", breakdown},
+          {"in_step", in_step.empty() ? json() : json(in_step)}, {"bubble_s", bubble_s}, {"pipeline", pipeline}};
+}
+
+TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const DeviceProfile& d, const Cluster& c,
+                            int64_t accumulation, double cpu_share) {
+  TimePrediction t;
+  if (s.pipelined()) accumulation *= s.schedule.microbatches;  // the replay recorded one micro-batch of this rank's stages
+  const std::string dtype = d.has(s.replay.num.gemm_dtype) ? s.replay.num.gemm_dtype : "fp32";
+  const DataParallel z = data_parallel_of(s);
+  compute_time(t, s, m, d, z, dtype, accumulation, cpu_share);
+  data_parallel_collectives(t, s, d, c, z, accumulation);
   const double before_tp = t.exposed_comm_s;
   if (s.replay.tp > 1) tensor_parallel_collectives(t, s, d, c, accumulation);
   if (s.replay.cp > 1) context_parallel_collectives(t, s, d, c, dtype, accumulation);
@@ -402,7 +448,8 @@ TimePrediction predict_time(const StepSetup& s, const MemoryPrediction& m, const
   t.step_s = t.compute_s + t.exposed_comm_s + t.bubble_s;
   // hsdp crosses nodes only with its gradient slices: it is bound by the level holding most of its
   // exposed communication.
-  const bool inter_bound = inter && (st != "hsdp" || t.inter_comm_s > t.exposed_comm_s - t.inter_comm_s);
+  const bool inter = c.nodes > 1;
+  const bool inter_bound = inter && (z.st != "hsdp" || t.inter_comm_s > t.exposed_comm_s - t.inter_comm_s);
   t.bound = t.exposed_comm_s > t.compute_s ? (inter_bound ? "inter-node communication" : "intra-node communication")
             : d.gpu && t.host_s > t.device_s ? "host dispatch"
                                              : "compute";

@@ -25,132 +25,148 @@ json distribution(std::vector<double> e) {
   return {{"count", a.size()}, {"median_abs", median}, {"worst_abs", a.back()}};
 }
 
-}  // namespace
+// The errors of every cell, by what was predicted, for the summary's distributions.
+struct Errors {
+  std::vector<double> peak, state, step, comm, frontier;
+};
 
-json check_report(const json& report, const json& hardware) {
-  json cells = json::array();
-  std::vector<double> peak_err, state_err, step_err, comm_err;
-  std::optional<DeviceProfile> device;
-  if (!hardware.is_null()) device = measured_profile(hardware, hardware.value("source", std::string("hardware report")));
-  // The replay of a configuration, with the measured GEMM scratch of this CPU when there is a profile.
-  auto setup_for = [&device](const RunConfig& c, bool cuda) {
-    StepSetup s = step_setup(c, cuda);
-    if (device && !cuda)
-      for (const auto& [dtype, elem] : std::vector<std::pair<std::string, int>>{{"bf16", 2}, {"fp32", 4}})
-        if (auto w = device->gemm_workspace.find(dtype); w != device->gemm_workspace.end()) s.replay.gemm_workspace[elem] = w->second;
-    if (device && cuda) s.replay.persistent_workspace = device->gpu_gemm_workspace;
-    if (device && !cuda) {
-      s.replay.conv_workspace = device->conv_workspace;
-      s.replay.batch_norm_backward_ratio = device->batch_norm_backward_ratio;
-    }
-    return s;
-  };
-  for (const auto& cell : report.value("cells", json::array())) {
-    json row = {{"cell", cell.value("name", "")}};
-    const json& cfg = cell.value("config", json::object());
-    if (cell.value("status", "") != "ok" || cfg.value("kind", "train") != "train") continue;
-    if (cfg.value("method", "supervised") != "supervised") {
-      row["skipped"] = "self-supervised cells are not planned (their objectives add views and heads)";
-      cells.push_back(row);
-      continue;
-    }
-    RunConfig c;
-    try {
-      c = RunConfig::from_json(cfg);
-    } catch (const std::exception& e) {
-      row["skipped"] = e.what();
-      cells.push_back(row);
-      continue;
-    }
-    const bool cuda = cfg.value("device", "cpu").rfind("cuda", 0) == 0;
-    MemoryPrediction p;
-    StepSetup setup;
-    try {
-      setup = setup_for(c, cuda);
-      // The layout the run settled (hsdp's shard group is a node's ranks); older reports: the cell's
-      // first node says how many ranks a node held.
-      if (cell.contains("layout") && cell["layout"].is_object()) {
-        setup.layout.dp_replicate = cell["layout"].value("dp_replicate", setup.layout.dp_replicate);
-        setup.layout.dp_shard = cell["layout"].value("dp_shard", setup.layout.dp_shard);
-      } else if (setup.strategy() == "hsdp" && cell.contains("nodes") && !cell["nodes"].empty()) {
-        const int64_t node = static_cast<int64_t>(cell["nodes"][0].value("ranks", json::array()).size());
-        if (node > 0 && setup.world() % node == 0) setup.layout.dp_replicate = setup.world() / node, setup.layout.dp_shard = node;
-      }
-      p = predict_memory(setup);
-    } catch (const UsageError& e) {
-      row["skipped"] = e.what();
-      cells.push_back(row);
-      continue;
-    }
-    const json& mem = cell["metrics"].value("memory", json::object());
-    row["predicted"] = p.to_json();
-    json measured;
-    if (mem.contains("step_peak_bytes") && mem["step_peak_bytes"].is_number()) measured["peak_bytes"] = mem["step_peak_bytes"];
-    else if (mem.contains("phase_peak_bytes")) {
-      const auto& ph = mem["phase_peak_bytes"];
-      measured["peak_bytes"] = std::max({ph.value("forward", int64_t{0}), ph.value("backward", int64_t{0}), ph.value("optimizer", int64_t{0})});
-    }
-    measured["phase_peak_bytes"] = mem.value("step_phase_peak_bytes", mem.value("phase_peak_bytes", json()));
-    measured["model_state_total_bytes"] = mem.value("model_state_total_bytes", json());
-    row["measured"] = measured;
-    if (measured["peak_bytes"].is_number()) {
-      const double e = rel_error(static_cast<double>(p.peak), measured["peak_bytes"].get<double>());
-      row["peak_error"] = e;
-      peak_err.push_back(e);
-    }
-    if (measured["model_state_total_bytes"].is_number()) {
-      const double e = rel_error(static_cast<double>(p.state.total()), measured["model_state_total_bytes"].get<double>());
-      row["model_state_error"] = e;
-      state_err.push_back(e);
-    }
-    // A pipeline's metrics are rank 0's (the first stage); the last stage's model state, which holds the
-    // final norm and the head instead of the embedding, is checked from its rank's row (pp outermost:
-    // the last stage of the first data-parallel pipeline is rank (pp - 1) x world / pp).
-    const int64_t pp = setup.schedule.ranks, world = setup.world();
-    if (pp > 1 && cell.contains("ranks") && cell["ranks"].size() == static_cast<size_t>(world)) {
-      const json& last = cell["ranks"][static_cast<size_t>((pp - 1) * (world / pp))];
-      if (last.value("model_state_bytes", json()).is_number()) {
-        StepSetup s = setup;
-        s.set_pp_rank(pp - 1);
-        const double e = rel_error(static_cast<double>(predict_memory(s).state.total()), last["model_state_bytes"].get<double>());
-        row["last_stage_model_state_error"] = e;
-        state_err.push_back(e);
-      }
-    }
-    if (device) {
-      // The cluster the cell ran on: its ranks grouped by host (one node for local ranks).
-      Cluster cluster{c.world_size, 1};
-      const json nodes = cell.value("nodes", json::array());
-      if (nodes.size() > 1 && c.world_size % static_cast<int64_t>(nodes.size()) == 0)
-        cluster = Cluster{c.world_size / static_cast<int64_t>(nodes.size()), static_cast<int64_t>(nodes.size())};
-      // Ranks on one CPU share its cores: each gets cores / ranks on that machine of the measured rate.
-      const double share = device->gpu || device->cores <= 0
-                               ? 1.0
-                               : std::min(1.0, static_cast<double>(device->cores) / static_cast<double>(cluster.gpus_per_node));
-      const TimePrediction tp = predict_time(setup, p, *device, cluster, 1, share);
-      if (cluster.nodes > 1) row["nodes"] = cluster.nodes;
-      row["predicted"]["time"] = tp.to_json();
-      const json& timing = cell["metrics"].value("timing", json::object());
-      const double step = timing.value("step_time_s", json::object()).value("p50", 0.0);
-      row["measured"]["step_time_s"] = step;
-      // Steps under 10 ms are dominated by what no model of the work predicts (scheduling, timers).
-      if (step >= 0.010) {
-        row["step_error"] = rel_error(tp.step_s, step);
-        step_err.push_back(row["step_error"]);
-      }
-      const json& comm = cell["metrics"].value("comm", json::object());
-      if (comm.contains("comm_time_s") && comm["comm_time_s"].is_number() && c.world_size > 1) {
-        row["measured"]["comm_time_s"] = comm["comm_time_s"];
-        row["comm_error"] = rel_error(tp.comm_s, comm["comm_time_s"].get<double>());
-        comm_err.push_back(row["comm_error"]);
-      }
-    }
-    cells.push_back(row);
+// The replay of a configuration, with the measured GEMM scratch of this CPU when there is a profile.
+StepSetup setup_for(const RunConfig& c, bool cuda, const std::optional<DeviceProfile>& device) {
+  StepSetup s = step_setup(c, cuda);
+  if (device && !cuda)
+    for (const auto& [dtype, elem] : std::vector<std::pair<std::string, int>>{{"bf16", 2}, {"fp32", 4}})
+      if (auto w = device->gemm_workspace.find(dtype); w != device->gemm_workspace.end()) s.replay.gemm_workspace[elem] = w->second;
+  if (device && cuda) s.replay.persistent_workspace = device->gpu_gemm_workspace;
+  if (device && !cuda) {
+    s.replay.conv_workspace = device->conv_workspace;
+    s.replay.batch_norm_backward_ratio = device->batch_norm_backward_ratio;
   }
-  // The memory frontier: the largest batch under the run's budget, predicted by replaying batch sizes
-  // (memory grows with the batch) beside the one the run found by bisection.
+  return s;
+}
+
+// The layout the run settled (hsdp's shard group is a node's ranks); older reports: the cell's first
+// node says how many ranks a node held.
+void settle_layout(StepSetup& setup, const json& cell) {
+  if (cell.contains("layout") && cell["layout"].is_object()) {
+    setup.layout.dp_replicate = cell["layout"].value("dp_replicate", setup.layout.dp_replicate);
+    setup.layout.dp_shard = cell["layout"].value("dp_shard", setup.layout.dp_shard);
+  } else if (setup.strategy() == "hsdp" && cell.contains("nodes") && !cell["nodes"].empty()) {
+    const int64_t node = static_cast<int64_t>(cell["nodes"][0].value("ranks", json::array()).size());
+    if (node > 0 && setup.world() % node == 0) setup.layout.dp_replicate = setup.world() / node, setup.layout.dp_shard = node;
+  }
+}
+
+// The cell's measured memory: the step's peak (or the largest phase's), phases and model state.
+json measured_memory(const json& mem) {
+  json measured;
+  if (mem.contains("step_peak_bytes") && mem["step_peak_bytes"].is_number()) measured["peak_bytes"] = mem["step_peak_bytes"];
+  else if (mem.contains("phase_peak_bytes")) {
+    const auto& ph = mem["phase_peak_bytes"];
+    measured["peak_bytes"] = std::max({ph.value("forward", int64_t{0}), ph.value("backward", int64_t{0}), ph.value("optimizer", int64_t{0})});
+  }
+  measured["phase_peak_bytes"] = mem.value("step_phase_peak_bytes", mem.value("phase_peak_bytes", json()));
+  measured["model_state_total_bytes"] = mem.value("model_state_total_bytes", json());
+  return measured;
+}
+
+// The peak and model-state errors of a cell. A pipeline's metrics are rank 0's (the first stage); the
+// last stage's model state, which holds the final norm and the head instead of the embedding, is checked
+// from its rank's row (pp outermost: the last stage of the first data-parallel pipeline is rank (pp - 1)
+// x world / pp).
+void memory_errors(json& row, const json& cell, const StepSetup& setup, const MemoryPrediction& p, Errors& errors) {
+  const json& measured = row["measured"];
+  if (measured["peak_bytes"].is_number()) {
+    const double e = rel_error(static_cast<double>(p.peak), measured["peak_bytes"].get<double>());
+    row["peak_error"] = e;
+    errors.peak.push_back(e);
+  }
+  if (measured["model_state_total_bytes"].is_number()) {
+    const double e = rel_error(static_cast<double>(p.state.total()), measured["model_state_total_bytes"].get<double>());
+    row["model_state_error"] = e;
+    errors.state.push_back(e);
+  }
+  const int64_t pp = setup.schedule.ranks, world = setup.world();
+  if (pp > 1 && cell.contains("ranks") && cell["ranks"].size() == static_cast<size_t>(world)) {
+    const json& last = cell["ranks"][static_cast<size_t>((pp - 1) * (world / pp))];
+    if (last.value("model_state_bytes", json()).is_number()) {
+      StepSetup s = setup;
+      s.set_pp_rank(pp - 1);
+      const double e = rel_error(static_cast<double>(predict_memory(s).state.total()), last["model_state_bytes"].get<double>());
+      row["last_stage_model_state_error"] = e;
+      errors.state.push_back(e);
+    }
+  }
+}
+
+// The step and communication times of a cell, predicted on the cluster it ran on: its ranks grouped by
+// host (one node for local ranks); ranks on one CPU share its cores, each getting cores / ranks of the
+// measured rate.
+void time_errors(json& row, const json& cell, const RunConfig& c, const StepSetup& setup, const MemoryPrediction& p,
+                 const DeviceProfile& device, Errors& errors) {
+  Cluster cluster{c.world_size, 1};
+  const json nodes = cell.value("nodes", json::array());
+  if (nodes.size() > 1 && c.world_size % static_cast<int64_t>(nodes.size()) == 0)
+    cluster = Cluster{c.world_size / static_cast<int64_t>(nodes.size()), static_cast<int64_t>(nodes.size())};
+  const double share = device.gpu || device.cores <= 0
+                           ? 1.0
+                           : std::min(1.0, static_cast<double>(device.cores) / static_cast<double>(cluster.gpus_per_node));
+  const TimePrediction tp = predict_time(setup, p, device, cluster, 1, share);
+  if (cluster.nodes > 1) row["nodes"] = cluster.nodes;
+  row["predicted"]["time"] = tp.to_json();
+  const json& timing = cell["metrics"].value("timing", json::object());
+  const double step = timing.value("step_time_s", json::object()).value("p50", 0.0);
+  row["measured"]["step_time_s"] = step;
+  // Steps under 10 ms are dominated by what no model of the work predicts (scheduling, timers).
+  if (step >= 0.010) {
+    row["step_error"] = rel_error(tp.step_s, step);
+    errors.step.push_back(row["step_error"]);
+  }
+  const json& comm = cell["metrics"].value("comm", json::object());
+  if (comm.contains("comm_time_s") && comm["comm_time_s"].is_number() && c.world_size > 1) {
+    row["measured"]["comm_time_s"] = comm["comm_time_s"];
+    row["comm_error"] = rel_error(tp.comm_s, comm["comm_time_s"].get<double>());
+    errors.comm.push_back(row["comm_error"]);
+  }
+}
+
+// One cell's row: predicted beside measured, or why it was skipped; null for a cell that did not train.
+json check_cell(const json& cell, const std::optional<DeviceProfile>& device, Errors& errors) {
+  json row = {{"cell", cell.value("name", "")}};
+  const json& cfg = cell.value("config", json::object());
+  if (cell.value("status", "") != "ok" || cfg.value("kind", "train") != "train") return nullptr;
+  if (cfg.value("method", "supervised") != "supervised") {
+    row["skipped"] = "self-supervised cells are not planned (their objectives add views and heads)";
+    return row;
+  }
+  RunConfig c;
+  MemoryPrediction p;
+  StepSetup setup;
+  const bool cuda = cfg.value("device", "cpu").rfind("cuda", 0) == 0;
+  try {
+    c = RunConfig::from_json(cfg);  // a configuration this build reads differently: skipped
+  } catch (const std::exception& e) {
+    row["skipped"] = e.what();
+    return row;
+  }
+  try {
+    setup = setup_for(c, cuda, device);
+    settle_layout(setup, cell);
+    p = predict_memory(setup);
+  } catch (const UsageError& e) {  // a layout the planner cannot replay
+    row["skipped"] = e.what();
+    return row;
+  }
+  row["predicted"] = p.to_json();
+  row["measured"] = measured_memory(cell["metrics"].value("memory", json::object()));
+  memory_errors(row, cell, setup, p, errors);
+  if (device) time_errors(row, cell, c, setup, p, *device, errors);
+  return row;
+}
+
+// The memory frontier: the largest batch under the run's budget, predicted by replaying batch sizes
+// (memory grows with the batch) beside the one the run found by bisection.
+json check_frontier(const json& report, const std::optional<DeviceProfile>& device, Errors& errors) {
   json frontier = json::array();
-  std::vector<double> frontier_err;
   for (const auto& f : report.value("frontier", json::array())) {
     if (!f.contains("largest_batch") || !f["largest_batch"].is_number()) continue;
     json base;
@@ -170,7 +186,7 @@ json check_report(const json& report, const json& hardware) {
     const bool cuda = base.value("device", "cpu").rfind("cuda", 0) == 0;
     auto fits = [&](int64_t b) {
       c.batch_size = b;
-      return predict_memory(setup_for(c, cuda)).peak <= budget;
+      return predict_memory(setup_for(c, cuda, device)).peak <= budget;
     };
     int64_t lo = 0, hi = 1;
     while (hi <= (int64_t{1} << 20) && fits(hi)) lo = hi, hi *= 2;
@@ -178,18 +194,30 @@ json check_report(const json& report, const json& hardware) {
       const int64_t mid = (lo + hi) / 2;
       (fits(mid) ? lo : hi) = mid;
     }
-    const double measured = f["largest_batch"].get<double>();
-    const double e = rel_error(static_cast<double>(lo), measured);
-    frontier_err.push_back(e);
+    const double e = rel_error(static_cast<double>(lo), f["largest_batch"].get<double>());
+    errors.frontier.push_back(e);
     frontier.push_back({{"model", f["model"]}, {"precision", f["precision"]}, {"checkpoint", f["checkpoint"]},
                         {"budget", f["budget"]}, {"predicted_largest_batch", lo}, {"measured_largest_batch", f["largest_batch"]},
                         {"error", e}});
   }
+  return frontier;
+}
+
+}  // namespace
+
+json check_report(const json& report, const json& hardware) {
+  std::optional<DeviceProfile> device;
+  if (!hardware.is_null()) device = measured_profile(hardware, hardware.value("source", std::string("hardware report")));
+  Errors errors;
+  json cells = json::array();
+  for (const auto& cell : report.value("cells", json::array()))
+    if (json row = check_cell(cell, device, errors); !row.is_null()) cells.push_back(row);
+  const json frontier = check_frontier(report, device, errors);
   return {{"cells", cells},
           {"frontier", frontier},
-          {"summary", {{"peak", distribution(peak_err)}, {"model_state", distribution(state_err)},
-                       {"step_time", distribution(step_err)}, {"comm_time", distribution(comm_err)},
-                       {"frontier", distribution(frontier_err)}}}};
+          {"summary", {{"peak", distribution(errors.peak)}, {"model_state", distribution(errors.state)},
+                       {"step_time", distribution(errors.step)}, {"comm_time", distribution(errors.comm)},
+                       {"frontier", distribution(errors.frontier)}}}};
 }
 
 std::string render_check(const json& check) {

@@ -167,6 +167,154 @@ DeviceProfile datasheet_profile(const std::string& name) {
   return d;
 }
 
+namespace {
+
+// The hardware suite's measured scratch: oneDNN's convolution workspace per shape, batch norm's
+// backward temporary over its input, and the GPU GEMM library's persistent workspace.
+void read_workspaces(DeviceProfile& d, const json& hw, const std::string& source) {
+  if (hw.contains("conv_workspace")) {
+    for (const auto& w : hw["conv_workspace"]) {
+      const double out = w.value("output_bytes", 0.0);
+      if (out > 0)
+        d.conv_workspace.shapes.push_back({w.value("in_channels", 0.0), w.value("out_channels", 0.0), w.value("kernel", int64_t{3}),
+                                           w.value("stride", int64_t{1}), w.value("forward_bytes", 0.0) / out,
+                                           w.value("backward_bytes", 0.0) / out});
+    }
+    d.sources["conv_workspace"] = "measured oneDNN convolution scratch per shape, the nearest channels' (" + source + ")";
+  }
+  if (hw.contains("batch_norm_workspace")) {
+    double ratio = 0;
+    int n = 0;
+    for (const auto& w : hw["batch_norm_workspace"])
+      if (w.value("input_bytes", 0.0) > 0) ratio += w.value("backward_bytes", 0.0) / w["input_bytes"].get<double>(), ++n;
+    if (n > 0) d.batch_norm_backward_ratio = ratio / n;
+    d.sources["batch_norm_workspace"] = "measured batch norm backward temporary over its input (" + source + ")";
+  }
+  if (hw.contains("gemm_workspace_bytes")) d.gpu_gemm_workspace = hw["gemm_workspace_bytes"].get<int64_t>();
+}
+
+// A GEMM sweep's points (FLOPs of the shape, times its batch where it has one; the median rate), sorted.
+Curve gemm_curve(const json& rows) {
+  Curve c;
+  for (const auto& p : rows) {
+    const auto s = p["shape"];
+    const double flops = 2.0 * p.value("batch", 1.0) * s[0].get<double>() * s[1].get<double>() * s[2].get<double>();
+    if (p["median_flops_per_s"].get<double>() > 0) c.points.emplace_back(flops, p["median_flops_per_s"].get<double>());
+  }
+  std::sort(c.points.begin(), c.points.end());
+  return c;
+}
+
+// One dtype's GEMM measurements: the achievable and datasheet peaks, the rate by size (single and
+// batched), the CPU's GEMM scratch by k and the fused attention's forward and backward rates by size.
+void read_gemm(DeviceProfile& d, const json& g, const std::string& source) {
+  const std::string dt = g["dtype"];
+  d.name = g.value("device_name", d.name);
+  d.gemm_rate[dt] = g["achievable_flops_per_s"].get<double>();
+  d.peak_flops[dt] = g.value("datasheet_flops_per_s", json()).is_number() ? g["datasheet_flops_per_s"].get<double>()
+                                                                          : g["achievable_flops_per_s"].get<double>();
+  json sizes = g.value("curve", json::array());
+  for (const auto& p : g.value("shapes", json::array())) sizes.push_back(p);
+  d.gemm_curve[dt] = gemm_curve(sizes);
+  if (Curve bc = gemm_curve(g.value("batched_curve", json::array())); !bc.empty()) d.batched_curve[dt] = bc;
+  Curve ws;
+  for (const auto& p : g.value("workspace", json::array()))
+    if (p["bytes"].get<double>() > 0) ws.points.emplace_back(p["k"].get<double>(), p["bytes"].get<double>());
+  std::sort(ws.points.begin(), ws.points.end());
+  if (!ws.empty()) d.gemm_workspace[dt] = ws;
+  std::pair<Curve, Curve> att;
+  for (const auto& p : g.value("attention", json::array())) {
+    const double flops = p.value("forward_flops", 0.0), f = p.value("forward_flops_per_s", 0.0), b = p.value("backward_flops_per_s", 0.0);
+    if (flops > 0 && f > 0 && b > 0) {
+      att.first.points.emplace_back(flops, f);
+      att.second.points.emplace_back(flops, b);
+    }
+  }
+  std::sort(att.first.points.begin(), att.first.points.end());
+  std::sort(att.second.points.begin(), att.second.points.end());
+  if (!att.first.empty()) {
+    d.attention[dt] = att;
+    d.sources["attention"] = "measured fused causal attention (SDPA) forward and backward by size (" + source + ")";
+  }
+}
+
+// The memory measurements: copy bandwidth by size, the cost per operator and per backward node, and the
+// elementwise kinds' rates by size, forward and backward.
+void read_memory(DeviceProfile& d, const json& mem, const std::string& source) {
+  Curve c;
+  for (const auto& p : mem.value("curve", json::array())) c.points.emplace_back(p["bytes"].get<double>(), p["median_gbps"].get<double>() * 1e9);
+  if (c.points.empty() && mem.contains("bandwidth_gbps")) c.points.emplace_back(1.0, mem["bandwidth_gbps"].get<double>() * 1e9);
+  std::sort(c.points.begin(), c.points.end());
+  d.bandwidth = c;
+  d.op_overhead_s = mem.value("op_overhead_s", 0.0);
+  const json rates = mem.value("elementwise_elements_per_s", json::object());  // held: items() does not extend its life
+  for (const auto& [dt, sizes] : rates.items()) {
+    if (!sizes.is_array()) continue;
+    for (const auto& s : sizes)
+      for (const auto& [kind, r] : s.items()) {
+        if (kind == "elements") continue;
+        const double n = s["elements"].get<double>();
+        auto& [f, b] = d.elementwise[dt][kind];
+        if (r.value("forward", json()).is_number()) f.points.emplace_back(n, r["forward"].get<double>());
+        if (r.value("backward", json()).is_number()) b.points.emplace_back(n, r["backward"].get<double>());
+      }
+  }
+  for (auto& [dt, kinds] : d.elementwise)
+    for (auto& [kind, fb] : kinds) {
+      std::sort(fb.first.points.begin(), fb.first.points.end());
+      std::sort(fb.second.points.begin(), fb.second.points.end());
+    }
+  d.backward_node_s = mem.value("backward_node_s", 0.0);
+  d.sources["bandwidth"] = "measured copy bandwidth by size (" + source + ")";
+  d.sources["op_overhead"] = "measured per-operator and per-backward-node cost (" + source + ")";
+}
+
+// Run across nodes, the collectives cell also measured each level on its own groups: within a node the
+// curves come from those (the world's sweep crossed the nodes); across, the largest all-reduce's bus
+// bandwidth and the smallest one's time (Calculon's and the datasheet profile's two numbers).
+void read_levels(DeviceProfile& d, const json& levels, const std::string& source) {
+  std::map<std::string, Curve> intra;
+  double largest = 0, smallest = 1e300;
+  for (const auto& row : levels.value("rows", json::array())) {
+    const double bytes = row.value("bytes", 0.0), bw = row.value("busbw_gbps", 0.0) * 1e9;
+    if (row.value("level", "") == "intra-node") {
+      if (bw > 0) intra[row["op"]].points.emplace_back(bytes, bw);
+    } else if (row.value("op", "") == "all-reduce") {
+      if (bytes > largest) largest = bytes, d.inter_busbw = bw;
+      if (bytes < smallest) smallest = bytes, d.inter_latency_s = row.value("time_s", 0.0);
+    }
+  }
+  for (auto& [op, c] : intra) std::sort(c.points.begin(), c.points.end());
+  if (!intra.empty()) {
+    d.busbw = intra;
+    d.busbw_by_world.clear();  // the world's sweep crossed the nodes
+  }
+  d.sources["intra_node"] = "measured within a node on the cluster, bus bandwidth by size (" + source + ")";
+  d.sources["inter_node"] = "measured across nodes on the cluster: the largest all-reduce's bus bandwidth, the "
+                            "smallest one's time as latency (" + source + ")";
+}
+
+// The collectives cell: bus bandwidth by size per op for its world, and its levels where it has them.
+void read_collectives(DeviceProfile& d, const json& cell, const std::string& source) {
+  const json& m = cell["metrics"];
+  std::map<std::string, Curve> curves;
+  for (const auto& c : m["comm"].value("collectives", json::array())) {
+    const double bw = c.value("busbw_gbps", 0.0) * 1e9;
+    if (bw > 0) curves[c["op"]].points.emplace_back(c["bytes"].get<double>(), bw);
+  }
+  for (auto& [op, c] : curves) std::sort(c.points.begin(), c.points.end());
+  const int64_t world = cell["config"].value("world_size", int64_t{2});
+  d.busbw_by_world[world] = curves;
+  // The default (collectives the sweeps do not bracket, the levels below): the smallest world's.
+  if (d.busbw.empty() || world <= d.busbw_by_world.begin()->first) d.busbw = curves;
+  d.latency_s = 0;  // the measured bus bandwidth by size already carries the latency
+  d.sources["intra_node"] = "measured collectives sweep, bus bandwidth by size (" + source + ")";
+  const json levels = m.value("hardware", json::object()).value("collectives", json::object()).value("levels", json());
+  if (levels.is_object()) read_levels(d, levels, source);
+}
+
+}  // namespace
+
 DeviceProfile measured_profile(const json& report, const std::string& source) {
   DeviceProfile d;
   d.source = source;
@@ -176,157 +324,21 @@ DeviceProfile measured_profile(const json& report, const std::string& source) {
   for (const auto& cell : report.value("cells", json::array())) {
     if (cell.value("status", "") != "ok" || !cell.contains("metrics")) continue;
     const json& m = cell["metrics"];
-    const std::string device = cell.value("config", json::object()).value("device", "cpu");
-    d.gpu = device.rfind("cuda", 0) == 0;
+    d.gpu = cell.value("config", json::object()).value("device", "cpu").rfind("cuda", 0) == 0;
     if (d.gpu) {  // the GPU's memory, not the host's
       const json gpus = env.value("gpus", json::array());
       if (!gpus.empty() && gpus[0].contains("memory_bytes")) d.memory_bytes = gpus[0]["memory_bytes"].get<int64_t>();
     }
-    if (m.contains("hardware") && m["hardware"].contains("conv_workspace")) {
-      for (const auto& w : m["hardware"]["conv_workspace"]) {
-        const double out = w.value("output_bytes", 0.0);
-        if (out > 0)
-          d.conv_workspace.shapes.push_back({w.value("in_channels", 0.0), w.value("out_channels", 0.0), w.value("kernel", int64_t{3}),
-                                             w.value("stride", int64_t{1}), w.value("forward_bytes", 0.0) / out,
-                                             w.value("backward_bytes", 0.0) / out});
-      }
-      d.sources["conv_workspace"] = "measured oneDNN convolution scratch per shape, the nearest channels' (" + source + ")";
-    }
-    if (m.contains("hardware") && m["hardware"].contains("batch_norm_workspace")) {
-      double ratio = 0;
-      int n = 0;
-      for (const auto& w : m["hardware"]["batch_norm_workspace"])
-        if (w.value("input_bytes", 0.0) > 0) ratio += w.value("backward_bytes", 0.0) / w["input_bytes"].get<double>(), ++n;
-      if (n > 0) d.batch_norm_backward_ratio = ratio / n;
-      d.sources["batch_norm_workspace"] = "measured batch norm backward temporary over its input (" + source + ")";
-    }
-    if (m.contains("hardware") && m["hardware"].contains("gemm_workspace_bytes"))
-      d.gpu_gemm_workspace = m["hardware"]["gemm_workspace_bytes"].get<int64_t>();
-    if (m.contains("hardware") && m["hardware"].contains("gemm")) {
-      for (const auto& g : m["hardware"]["gemm"]) {
-        if (g.contains("skipped") || !g.contains("achievable_flops_per_s")) continue;
-        const std::string dt = g["dtype"];
-        d.name = g.value("device_name", d.name);
-        d.gemm_rate[dt] = g["achievable_flops_per_s"].get<double>();
-        d.peak_flops[dt] = g.value("datasheet_flops_per_s", json()).is_number() ? g["datasheet_flops_per_s"].get<double>()
-                                                                                : g["achievable_flops_per_s"].get<double>();
-        Curve c;
-        for (const auto& p : g.value("curve", json::array())) {
-          const auto s = p["shape"];
-          const double flops = 2.0 * s[0].get<double>() * s[1].get<double>() * s[2].get<double>();
-          if (p["median_flops_per_s"].get<double>() > 0) c.points.emplace_back(flops, p["median_flops_per_s"].get<double>());
-        }
-        for (const auto& p : g.value("shapes", json::array())) {
-          const auto s = p["shape"];
-          const double flops = 2.0 * s[0].get<double>() * s[1].get<double>() * s[2].get<double>();
-          if (p["median_flops_per_s"].get<double>() > 0) c.points.emplace_back(flops, p["median_flops_per_s"].get<double>());
-        }
-        std::sort(c.points.begin(), c.points.end());
-        d.gemm_curve[dt] = c;
-        Curve bc;
-        for (const auto& p : g.value("batched_curve", json::array())) {
-          const auto s = p["shape"];
-          const double flops = 2.0 * p["batch"].get<double>() * s[0].get<double>() * s[1].get<double>() * s[2].get<double>();
-          if (p["median_flops_per_s"].get<double>() > 0) bc.points.emplace_back(flops, p["median_flops_per_s"].get<double>());
-        }
-        std::sort(bc.points.begin(), bc.points.end());
-        if (!bc.empty()) d.batched_curve[dt] = bc;
-        Curve ws;
-        for (const auto& p : g.value("workspace", json::array()))
-          if (p["bytes"].get<double>() > 0) ws.points.emplace_back(p["k"].get<double>(), p["bytes"].get<double>());
-        std::sort(ws.points.begin(), ws.points.end());
-        if (!ws.empty()) d.gemm_workspace[dt] = ws;
-        std::pair<Curve, Curve> att;
-        for (const auto& p : g.value("attention", json::array())) {
-          const double flops = p.value("forward_flops", 0.0), f = p.value("forward_flops_per_s", 0.0), b = p.value("backward_flops_per_s", 0.0);
-          if (flops > 0 && f > 0 && b > 0) {
-            att.first.points.emplace_back(flops, f);
-            att.second.points.emplace_back(flops, b);
-          }
-        }
-        std::sort(att.first.points.begin(), att.first.points.end());
-        std::sort(att.second.points.begin(), att.second.points.end());
-        if (!att.first.empty()) {
-          d.attention[dt] = att;
-          d.sources["attention"] = "measured fused causal attention (SDPA) forward and backward by size (" + source + ")";
-        }
-        any = true;
-      }
+    const json hw = m.value("hardware", json::object());
+    read_workspaces(d, hw, source);
+    if (hw.contains("gemm")) {
+      for (const auto& g : hw["gemm"])
+        if (!g.contains("skipped") && g.contains("achievable_flops_per_s")) read_gemm(d, g, source), any = true;
       d.sources["gemm"] = "measured GEMM sweep and size curve (" + source + ")";
       d.sources["peak"] = "the datasheet's dense peak where the device is known, else the measured GEMM peak";
     }
-    if (m.contains("hardware") && m["hardware"].contains("memory")) {
-      const json& mem = m["hardware"]["memory"];
-      Curve c;
-      for (const auto& p : mem.value("curve", json::array()))
-        c.points.emplace_back(p["bytes"].get<double>(), p["median_gbps"].get<double>() * 1e9);
-      if (c.points.empty() && mem.contains("bandwidth_gbps")) c.points.emplace_back(1.0, mem["bandwidth_gbps"].get<double>() * 1e9);
-      std::sort(c.points.begin(), c.points.end());
-      d.bandwidth = c;
-      d.op_overhead_s = mem.value("op_overhead_s", 0.0);
-      const json rates = mem.value("elementwise_elements_per_s", json::object());
-      for (const auto& [dt, sizes] : rates.items()) {
-        if (!sizes.is_array()) continue;
-        for (const auto& s : sizes)
-          for (const auto& [kind, r] : s.items()) {
-            if (kind == "elements") continue;
-            const double n = s["elements"].get<double>();
-            auto& [f, b] = d.elementwise[dt][kind];
-            if (r.value("forward", json()).is_number()) f.points.emplace_back(n, r["forward"].get<double>());
-            if (r.value("backward", json()).is_number()) b.points.emplace_back(n, r["backward"].get<double>());
-          }
-      }
-      for (auto& [dt, kinds] : d.elementwise)
-        for (auto& [kind, fb] : kinds) {
-          std::sort(fb.first.points.begin(), fb.first.points.end());
-          std::sort(fb.second.points.begin(), fb.second.points.end());
-        }
-      d.backward_node_s = mem.value("backward_node_s", 0.0);
-      d.sources["bandwidth"] = "measured copy bandwidth by size (" + source + ")";
-      d.sources["op_overhead"] = "measured per-operator and per-backward-node cost (" + source + ")";
-    }
-    const json& cfg = cell.value("config", json::object());
-    if (m.contains("comm") && cfg.value("kind", "") == "collectives") {
-      std::map<std::string, Curve> curves;
-      double lat = 1e9;
-      for (const auto& c : m["comm"].value("collectives", json::array())) {
-        const double bw = c.value("busbw_gbps", 0.0) * 1e9;
-        if (bw > 0) curves[c["op"]].points.emplace_back(c["bytes"].get<double>(), bw);
-        lat = std::min(lat, c.value("time_s", 1e9));
-      }
-      for (auto& [op, c] : curves) std::sort(c.points.begin(), c.points.end());
-      const int64_t world = cell["config"].value("world_size", int64_t{2});
-      d.busbw_by_world[world] = curves;
-      // The default (collectives the sweeps do not bracket, the levels below): the smallest world's.
-      if (d.busbw.empty() || world <= d.busbw_by_world.begin()->first) d.busbw = curves;
-      d.latency_s = 0;  // the measured bus bandwidth by size already carries the latency
-      d.sources["intra_node"] = "measured collectives sweep, bus bandwidth by size (" + source + ")";
-      // Run across nodes, the cell also measured each level on its own groups: within a node the curves
-      // come from those (the world's sweep crossed the nodes); across, the largest all-reduce's bus
-      // bandwidth and the smallest one's time (Calculon's and the datasheet profile's two numbers).
-      const json levels = m.value("hardware", json::object()).value("collectives", json::object()).value("levels", json());
-      if (levels.is_object()) {
-        std::map<std::string, Curve> intra;
-        double largest = 0, smallest = 1e300;
-        for (const auto& row : levels.value("rows", json::array())) {
-          const double bytes = row.value("bytes", 0.0), bw = row.value("busbw_gbps", 0.0) * 1e9;
-          if (row.value("level", "") == "intra-node") {
-            if (bw > 0) intra[row["op"]].points.emplace_back(bytes, bw);
-          } else if (row.value("op", "") == "all-reduce") {
-            if (bytes > largest) largest = bytes, d.inter_busbw = bw;
-            if (bytes < smallest) smallest = bytes, d.inter_latency_s = row.value("time_s", 0.0);
-          }
-        }
-        for (auto& [op, c] : intra) std::sort(c.points.begin(), c.points.end());
-        if (!intra.empty()) {
-          d.busbw = intra;
-          d.busbw_by_world.clear();  // the world's sweep crossed the nodes
-        }
-        d.sources["intra_node"] = "measured within a node on the cluster, bus bandwidth by size (" + source + ")";
-        d.sources["inter_node"] = "measured across nodes on the cluster: the largest all-reduce's bus bandwidth, the "
-                                  "smallest one's time as latency (" + source + ")";
-      }
-    }
+    if (hw.contains("memory")) read_memory(d, hw["memory"], source);
+    if (m.contains("comm") && cell.value("config", json::object()).value("kind", "") == "collectives") read_collectives(d, cell, source);
     if (const auto cores = env.value("cpu", json::object()).value("logical_cores", int64_t{0}); cores > 0) d.cores = cores;
   }
   if (!any) throw UsageError("plan: " + source + " has no GEMM measurements (run: trainscope run --suite hardware)");

@@ -48,17 +48,10 @@ json cell_table(const json& report) {
   return json{{"columns", head}, {"rows", rows}};
 }
 
-std::string render_summary(const json& report) {
-  const json table = cell_table(report);
-  const std::vector<std::string> head = table["columns"];
-  std::vector<std::vector<std::string>> rows = table["rows"];
-  std::vector<size_t> w(head.size());
-  for (size_t i = 0; i < head.size(); ++i) {
-    w[i] = head[i].size();
-    for (const auto& r : rows) w[i] = std::max(w[i], r[i].size());
-  }
-  std::ostringstream out;
-  // What a reader needs first: the machine, the decisions, what went wrong; the table after.
+namespace {
+
+// What a reader needs first: the machine, the decisions, what went wrong.
+void digest_section(std::ostream& out, const json& report) {
   const json digest = report_digest(report);
   out << "machine: " << digest["machine"].get<std::string>() << "\n";
   if (digest.contains("nodes")) out << "nodes: " << digest["nodes"].get<std::string>() << "\n";
@@ -68,6 +61,18 @@ std::string render_summary(const json& report) {
   else out << "what went wrong:\n";
   for (const auto& p : digest["problems"]) out << "  [" << p["severity"].get<std::string>() << "] " << p["text"].get<std::string>() << "\n";
   out << "\n";
+}
+
+// The cells' table, its columns as wide as their widest entry.
+void table_section(std::ostream& out, const json& report) {
+  const json table = cell_table(report);
+  const std::vector<std::string> head = table["columns"];
+  const std::vector<std::vector<std::string>> rows = table["rows"];
+  std::vector<size_t> w(head.size());
+  for (size_t i = 0; i < head.size(); ++i) {
+    w[i] = head[i].size();
+    for (const auto& r : rows) w[i] = std::max(w[i], r[i].size());
+  }
   auto line = [&](const std::vector<std::string>& r) {
     for (size_t i = 0; i < r.size(); ++i) out << (i ? "  " : "") << pad(r[i], w[i], i >= 2);
     out << "\n";
@@ -77,6 +82,12 @@ std::string render_summary(const json& report) {
   for (size_t x : w) rule.push_back(std::string(x, '-'));
   line(rule);
   for (const auto& r : rows) line(r);
+}
+
+// Under the table: emulated cells, each failed or skipped cell's reason, the memory frontier, what
+// checkpointing saved and cost, and the cells a time budget stopped early (fewer steps, so their
+// accuracy is not comparable).
+void cell_notes(std::ostream& out, const json& report) {
   std::string emulated;
   for (const auto& c : report["cells"])
     if (c.value("emulated", false)) emulated += (emulated.empty() ? "" : ", ") + c["name"].get<std::string>();
@@ -108,12 +119,15 @@ std::string render_summary(const json& report) {
           << ", step time "
           << format_signed_pct(c["checkpointing"]["recompute_overhead_pct"].get<double>(), 1) << " against "
           << c["checkpointing"]["reference"].get<std::string>() << "\n";
-  // Cells that a time budget stopped early: fewer steps, so their accuracy is not comparable.
   for (const auto& c : report["cells"])
     if (c.contains("time_budget") && c["time_budget"].value("stopped_early", false))
       out << "  " << c["name"].get<std::string>() << ": the " << format_fixed(c["time_budget"]["budget_s"].get<double>(), 0)
           << " s time budget stopped it after " << c["time_budget"]["steps_run"].get<int64_t>() << " of "
           << c["time_budget"]["steps_planned"].get<int64_t>() << " steps; its numerics are compared at that step\n";
+}
+
+// Parallel cells, per rank, against one process at the same per-rank batch.
+void parallel_section(std::ostream& out, const json& report) {
   bool parallel_head = false;
   for (const auto& c : report["cells"]) {
     if (!c.contains("parallel")) continue;
@@ -138,8 +152,11 @@ std::string render_summary(const json& report) {
       out << "  slowest rank " << c["slowest_rank"].get<int64_t>();
     out << "\n";
   }
-  // Collectives cells: each op's busbw at its largest size (the GEMM and memory figures are in the
-  // recommendations).
+}
+
+// Collectives cells: each op's busbw at its largest size, and per level where the cell measured levels
+// (the GEMM and memory figures are in the recommendations).
+void collectives_section(std::ostream& out, const json& report) {
   for (const auto& c : report["cells"]) {
     const json rows = value_at(c, {"metrics", "comm", "collectives"});
     if (!value_at(c, {"metrics", "hardware", "collectives"}).is_object() || !rows.is_array()) continue;
@@ -160,46 +177,66 @@ std::string render_summary(const json& report) {
             << format_fixed(r.value("busbw_gbps", 0.0), 3) << " GB/s  " << format_seconds(r.value("time_s", 0.0)) << " per call\n";
     }
   }
-  // Self-supervised cells: the frozen encoder beside its floors and sibling, then what pre-training
-  // bought per label fraction against scratch at equal compute.
+}
+
+// Self-supervised cells: the frozen encoder beside its floors and sibling, then what pre-training
+// bought per label fraction against scratch at equal compute.
+void ssl_section(std::ostream& out, const json& report) {
   const json ssl = report.contains("ssl") ? report["ssl"] : ssl_summary(report);
-  if (ssl.is_object()) {
-    auto acc = [](const json& v) { return v.is_number() ? format_fixed(v.get<double>(), 3) : std::string("-"); };
-    auto pts = [](const json& v) {
-      return v.is_number() ? (v.get<double>() >= 0 ? "+" : "-") + format_fixed(std::fabs(100 * v.get<double>()), 1) : std::string("-");
-    };
-    out << "\nself-supervised (frozen encoder kNN / linear; floors: random-encoder / raw-pixel linear):\n";
-    for (const auto& r : ssl["rows"]) {
-      out << "  " << pad(r["cell"].get<std::string>(), 28) << "  " << acc(r["knn"]) << " / " << acc(r["linear"])
-          << "  floors " << acc(r["random_encoder_linear"]) << " / " << acc(r["raw_pixels_linear"]);
-      if (r["finetune_full"].is_number()) out << "  fine-tune " << acc(r["finetune_full"]);
-      if (r["supervised_accuracy"].is_number()) out << "  supervised " << acc(r["supervised_accuracy"]);
-      if (r["health"].is_string()) out << "  " << r["health"].get<std::string>();
-      out << "\n";
-    }
-    std::string cell, line;
-    auto flush = [&] {
-      if (!line.empty()) out << "  " << pad(cell, 28) << "  " << line << "\n";
-      line.clear();
-    };
-    for (const auto& e : ssl["label_efficiency"]) {
-      if (!e["verdict"].is_string()) continue;
-      if (e["cell"] != cell) flush(), cell = e["cell"];
-      char f[32];
-      std::snprintf(f, sizeof f, "%g%%", 100 * e["fraction"].get<double>());
-      line += (line.empty() ? "vs scratch: " : "; ") + std::string(f) + " " + e["verdict"].get<std::string>() + " (" +
-              pts(e["delta_mean"]) + " [" + pts(e["delta_low"]) + ", " + pts(e["delta_high"]) + "] points)";
-    }
-    flush();
+  if (!ssl.is_object()) return;
+  auto acc = [](const json& v) { return v.is_number() ? format_fixed(v.get<double>(), 3) : std::string("-"); };
+  auto pts = [](const json& v) {
+    return v.is_number() ? (v.get<double>() >= 0 ? "+" : "-") + format_fixed(std::fabs(100 * v.get<double>()), 1) : std::string("-");
+  };
+  out << "\nself-supervised (frozen encoder kNN / linear; floors: random-encoder / raw-pixel linear):\n";
+  for (const auto& r : ssl["rows"]) {
+    out << "  " << pad(r["cell"].get<std::string>(), 28) << "  " << acc(r["knn"]) << " / " << acc(r["linear"])
+        << "  floors " << acc(r["random_encoder_linear"]) << " / " << acc(r["raw_pixels_linear"]);
+    if (r["finetune_full"].is_number()) out << "  fine-tune " << acc(r["finetune_full"]);
+    if (r["supervised_accuracy"].is_number()) out << "  supervised " << acc(r["supervised_accuracy"]);
+    if (r["health"].is_string()) out << "  " << r["health"].get<std::string>();
+    out << "\n";
   }
-  // The recommendations in full (the summary above has their short form), one per kind: a kind said
-  // of many cells once, with the cells.
+  std::string cell, line;
+  auto flush = [&] {
+    if (!line.empty()) out << "  " << pad(cell, 28) << "  " << line << "\n";
+    line.clear();
+  };
+  for (const auto& e : ssl["label_efficiency"]) {
+    if (!e["verdict"].is_string()) continue;
+    if (e["cell"] != cell) flush(), cell = e["cell"];
+    char f[32];
+    std::snprintf(f, sizeof f, "%g%%", 100 * e["fraction"].get<double>());
+    line += (line.empty() ? "vs scratch: " : "; ") + std::string(f) + " " + e["verdict"].get<std::string>() + " (" +
+            pts(e["delta_mean"]) + " [" + pts(e["delta_low"]) + ", " + pts(e["delta_high"]) + "] points)";
+  }
+  flush();
+}
+
+// The recommendations in full (the summary above has their short form), one per kind: a kind said of
+// many cells once, with the cells.
+void recommendations_section(std::ostream& out, const json& report) {
   const json groups = recommendation_groups(report);
   if (!groups.empty()) out << "\nrecommendations (in full: report.md, report.html):\n";
   for (const auto& g : groups) {
     out << "  [" << g["severity"].get<std::string>() << "] " << g["items"][0]["text"].get<std::string>() << "\n";
     if (g["items"].size() > 1) out << "      and " << g["items"].size() - 1 << " more like it: " << g["cells"].size() << " cells\n";
   }
+}
+
+}  // namespace
+
+// The digest first, then the table and what a reader needs beside it, each kind of cell's section, and
+// the recommendations.
+std::string render_summary(const json& report) {
+  std::ostringstream out;
+  digest_section(out, report);
+  table_section(out, report);
+  cell_notes(out, report);
+  parallel_section(out, report);
+  collectives_section(out, report);
+  ssl_section(out, report);
+  recommendations_section(out, report);
   return out.str();
 }
 

@@ -89,11 +89,9 @@ json axes(const std::string& x, const std::string& y, json x_extra = json::objec
   return {{"x", x_extra}, {"y", y_extra}};
 }
 
-// Every plot the report has data for.
-json chart_specs(const json& report) {
-  json charts = json::array();
+// Loss curves, overlaid per model (the configuration group the precision and policy axes vary).
+void loss_charts(json& charts, const json& report) {
   const json& cells = report["cells"];
-  // Loss curves, overlaid per model (the configuration group the precision and policy axes vary).
   std::map<std::string, json> by_model;
   for (const auto& c : cells) {
     const json curve = points(value_at(c, {"metrics", "quality", "loss_curve"}));
@@ -104,7 +102,11 @@ json chart_specs(const json& report) {
     charts.push_back(chart("loss-" + model, "Loss curves: " + model, "line", {{"datasets", datasets}},
                            {{"scales", {{"x", {{"type", "linear"}, {"title", {{"display", true}, {"text", "step"}}}}},
                                         {"y", {{"title", {{"display", true}, {"text", "loss"}}}}}}}}));
-  // Loss-scale trajectory, the back-offs (skipped steps) marked.
+}
+
+// Loss-scale trajectory, the back-offs (skipped steps) marked.
+void loss_scale_charts(json& charts, const json& report) {
+  const json& cells = report["cells"];
   for (const auto& c : cells) {
     const json traj = value_at(c, {"metrics", "overflow", "scale_trajectory"});
     if (!traj.is_array() || traj.empty()) continue;
@@ -120,7 +122,11 @@ json chart_specs(const json& report) {
                                            {"pointStyle", "crossRot"}, {"pointRadius", 6}}}}},
                            {{"scales", axes("step", "loss scale (log)", {{"type", "linear"}}, {{"type", "logarithmic"}})}}));
   }
-  // Step-time distribution per cell: p50 / p90 / p99 (and min), in milliseconds.
+}
+
+// Step-time distribution per cell: p50 / p90 / p99 (and min), in milliseconds.
+void step_time_chart(json& charts, const json& report) {
+  const json& cells = report["cells"];
   json labels = json::array(), p50 = json::array(), p90 = json::array(), p99 = json::array(), mn = json::array();
   for (const auto& c : cells) {
     const double m = number_at(c, {"metrics", "timing", "step_time_s", "p50"});
@@ -137,7 +143,11 @@ json chart_specs(const json& report) {
                             {"datasets", {{{"label", "min"}, {"data", mn}}, {{"label", "p50"}, {"data", p50}},
                                           {{"label", "p90"}, {"data", p90}}, {{"label", "p99"}, {"data", p99}}}}},
                            {{"indexAxis", "y"}, {"scales", axes("step time (ms)", "")}}));
-  // Memory per phase, with the model state measured beside the analytic expectation (MiB).
+}
+
+// Memory per phase, with the model state measured beside the analytic expectation (MiB).
+void memory_chart(json& charts, const json& report) {
+  const json& cells = report["cells"];
   json ml = json::array(), fwd = json::array(), bwd = json::array(), opt = json::array(), state = json::array(),
        expected = json::array();
   for (const auto& c : cells) {
@@ -160,7 +170,11 @@ json chart_specs(const json& report) {
                                           {{"label", "model state measured"}, {"data", state}},
                                           {{"label", "model state expected"}, {"data", expected}}}}},
                            {{"indexAxis", "y"}, {"scales", axes("MiB", "")}}));
-  // Per-block fp16 range map: fraction of gradients beyond fp16's range and below its normal range.
+}
+
+// Per-block fp16 range map: fraction of gradients beyond fp16's range and below its normal range.
+void fp16_range_chart(json& charts, const json& report) {
+  const json& cells = report["cells"];
   json bl = json::array(), over = json::array(), under = json::array(), aover = json::array();
   for (const auto& c : cells)
     for (const auto& l : value_at(c, {"metrics", "overflow", "layers"}).is_array() ? c["metrics"]["overflow"]["layers"] : json::array()) {
@@ -177,7 +191,11 @@ json chart_specs(const json& report) {
                                           {{"label", "gradients below fp16 normal"}, {"data", under}},
                                           {{"label", "activations beyond fp16"}, {"data", aover}}}}},
                            {{"indexAxis", "y"}, {"scales", axes("fraction of values", "")}}));
-  // Communication per parallel cell: exposed against overlapped (ms per step).
+}
+
+// Communication per parallel cell: exposed against overlapped (ms per step).
+void comm_chart(json& charts, const json& report) {
+  const json& cells = report["cells"];
   json cl = json::array(), exposed = json::array(), overlapped = json::array();
   for (const auto& c : cells) {
     const double total = number_at(c, {"metrics", "comm", "comm_time_s"}), exp = number_at(c, {"metrics", "comm", "exposed_comm_time_s"});
@@ -191,7 +209,11 @@ json chart_specs(const json& report) {
                            {{"labels", cl},
                             {"datasets", {{{"label", "exposed"}, {"data", exposed}}, {{"label", "overlapped"}, {"data", overlapped}}}}},
                            {{"indexAxis", "y"}, {"scales", axes("ms per step", "", {{"stacked", true}}, {{"stacked", true}})}}));
-  // SSL health: the embeddings' effective rank (RankMe) per step, per cell; a collapse drives it to 1.
+}
+
+// SSL health: the embeddings' effective rank (RankMe) per step, per cell; a collapse drives it to 1.
+void ssl_health_chart(json& charts, const json& report) {
+  const json& cells = report["cells"];
   json health = json::array();
   for (const auto& c : cells) {
     const json samples = value_at(c, {"metrics", "ssl_health", "samples"});
@@ -206,20 +228,27 @@ json chart_specs(const json& report) {
                            {{"datasets", health}},
                            {{"scales", {{"x", {{"type", "linear"}, {"title", {{"display", true}, {"text", "step"}}}}},
                                         {"y", {{"title", {{"display", true}, {"text", "RankMe"}}}}}}}}));
-  // The frontier: largest batch against its throughput, per policy.
-  if (report.contains("frontier") && report["frontier"].is_array()) {
-    json datasets = json::array();
-    for (const auto& f : report["frontier"]) {
-      if (!f.value("samples_per_s", json()).is_number()) continue;
-      datasets.push_back({{"label", frontier_label(f)},
-                          {"data", {{{"x", f["largest_batch"]}, {"y", f["samples_per_s"]}}}},
-                          {"pointRadius", 6}});
-    }
-    if (!datasets.empty())
-      charts.push_back(chart("frontier", "Frontier: largest batch under the budget against throughput (samples/s)",
-                             "scatter", {{"datasets", datasets}},
-                             {{"scales", axes("largest batch (log)", "samples/s", {{"type", "logarithmic"}})}}));
+}
+
+// The frontier: largest batch against its throughput, per policy.
+void frontier_chart(json& charts, const json& report) {
+  if (!report.contains("frontier") || !report["frontier"].is_array()) return;
+  json datasets = json::array();
+  for (const auto& f : report["frontier"]) {
+    if (!f.value("samples_per_s", json()).is_number()) continue;
+    datasets.push_back({{"label", frontier_label(f)}, {"data", {{{"x", f["largest_batch"]}, {"y", f["samples_per_s"]}}}}, {"pointRadius", 6}});
   }
+  if (!datasets.empty())
+    charts.push_back(chart("frontier", "Frontier: largest batch under the budget against throughput (samples/s)", "scatter",
+                           {{"datasets", datasets}}, {{"scales", axes("largest batch (log)", "samples/s", {{"type", "logarithmic"}})}}));
+}
+
+// Every plot the report has data for.
+json chart_specs(const json& report) {
+  json charts = json::array();
+  for (const auto add : {loss_charts, loss_scale_charts, step_time_chart, memory_chart, fp16_range_chart, comm_chart, ssl_health_chart,
+                         frontier_chart})
+    add(charts, report);
   return charts;
 }
 

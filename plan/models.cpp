@@ -501,91 +501,124 @@ OpCost cp_attention_layer_cost(const Replay& r, int64_t batch) {
   return attention_cost(static_cast<int64_t>(std::llround(std::sqrt(2 * pairs))), m.head_dim(), batch * (m.heads / r.tp));
 }
 
-T forward_loss(Tape& t, const Replay& r, const std::vector<T>& params, const T& input, const T&) {
-  const ModelShape& m = r.model;
-  Net n{t, r, r.num};
-  const ParamLayout layout = param_layout(r);
-  // params: root first, then each block's, in the layout's order.
-  size_t at = 0;
+namespace {
+
+// The parameters as the tape's tensors: the root's, then each block's, in the layout's order.
+struct ParamRefs {
   std::vector<const T*> root;
-  for (size_t i = 0; i < layout.root.size(); ++i) root.push_back(&params[at++]);
   std::vector<std::vector<const T*>> blocks;
+};
+
+ParamRefs param_refs(const Replay& r, const std::vector<T>& params) {
+  const ParamLayout layout = param_layout(r);
+  ParamRefs p;
+  size_t at = 0;
+  for (size_t i = 0; i < layout.root.size(); ++i) p.root.push_back(&params[at++]);
   for (const auto& b : layout.blocks) {
-    blocks.emplace_back();
-    for (size_t i = 0; i < b.size(); ++i) blocks.back().push_back(&params[at++]);
+    p.blocks.emplace_back();
+    for (size_t i = 0; i < b.size(); ++i) p.blocks.back().push_back(&params[at++]);
   }
+  return p;
+}
+
+// GPT: token and position embeddings (from the first stage), the blocks this stage holds, the final
+// norm, the head (tied to the embedding) and the loss (from the last).
+T gpt_forward_loss(Tape& t, const Replay& r, Net& n, const ParamRefs& w, const T& input) {
+  const ModelShape& m = r.model;
+  const std::vector<const T*>& root = w.root;
+  const std::vector<std::vector<const T*>>& blocks = w.blocks;
   const bool selective = r.checkpoint == "selective";
   const int64_t B = r.batch;
-
   const int64_t first = r.first_layer, last = r.last_layer < 0 ? m.layers : r.last_layer;
-  if (m.family == "gpt") {
-    const int64_t S = r.local_seq(), D = m.width, N = B * S;
-    T h = input;
-    if (first == 0) {
-      // Under tp (Gpt::embed): the vocabulary-parallel lookup (as Llama's below), then the positions of
-      // this rank's tokens.
-      const int64_t s = r.tp > 1 && r.sequence_parallel ? S / r.tp : S;
-      const T pos = t.data(s, 8);  // arange
-      const T tok = r.tp > 1 ? n.vocab_embedding(*root[0], N) : t.op({root[0]}, N * D, r.num.param, {}, false, 0, n.ew(N * D * r.num.param));
-      const T pe = t.op({root[1]}, s * D, r.num.param, {}, false, 0, n.ew(s * D * r.num.param));
-      h = n.boundary(n.add(tok, pe));
-    }
-    for (auto i = static_cast<size_t>(first); i < static_cast<size_t>(last); ++i) {
-      const auto& b = blocks[i];
-      const GptBlockParams p{b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11]};
-      auto fn = [n, p, selective](Tape&, const T& x) mutable { return gpt_block(n, x, p, selective); };
-      h = run_block(t, r, i, fn, h, b);
-      h = n.boundary(h);
-    }
-    if (last < m.layers) return h;
-    T logits = n.boundary(n.linear(n.enter(n.layer_norm(h, *root[2], *root[3], h.numel / D)), *root[0], nullptr, N, D, m.vocab / r.tp));
+  const int64_t S = r.local_seq(), D = m.width, N = B * S;
+  T h = input;
+  if (first == 0) {
+    // Under tp (Gpt::embed): the vocabulary-parallel lookup (as Llama's below), then the positions of
+    // this rank's tokens.
+    const int64_t s = r.tp > 1 && r.sequence_parallel ? S / r.tp : S;
+    const T pos = t.data(s, 8);  // arange
+    const T tok = r.tp > 1 ? n.vocab_embedding(*root[0], N) : t.op({root[0]}, N * D, r.num.param, {}, false, 0, n.ew(N * D * r.num.param));
+    const T pe = t.op({root[1]}, s * D, r.num.param, {}, false, 0, n.ew(s * D * r.num.param));
+    h = n.boundary(n.add(tok, pe));
+  }
+  for (auto i = static_cast<size_t>(first); i < static_cast<size_t>(last); ++i) {
+    const auto& b = blocks[i];
+    const GptBlockParams p{b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11]};
+    auto fn = [n, p, selective](Tape&, const T& x) mutable { return gpt_block(n, x, p, selective); };
+    h = run_block(t, r, i, fn, h, b);
+    h = n.boundary(h);
+  }
+  if (last < m.layers) return h;
+  T logits = n.boundary(n.linear(n.enter(n.layer_norm(h, *root[2], *root[3], h.numel / D)), *root[0], nullptr, N, D, m.vocab / r.tp));
+  h = T();
+  return n.loss(logits, N, m.vocab);
+}
+
+// Llama: the embedding, the RoPE tables (and the causal mask of eager attention), the blocks this
+// stage holds, the final RMSNorm, the head and the loss.
+T llama_forward_loss(Tape& t, const Replay& r, Net& n, const ParamRefs& w, const T& input) {
+  const ModelShape& m = r.model;
+  const std::vector<const T*>& root = w.root;
+  const std::vector<std::vector<const T*>>& blocks = w.blocks;
+  const bool selective = r.checkpoint == "selective";
+  const int64_t B = r.batch;
+  const int64_t first = r.first_layer, last = r.last_layer < 0 ? m.layers : r.last_layer;
+  const int64_t S = r.local_seq(), D = m.width, N = B * S;
+  T h = input;
+  if (first == 0 && r.tp > 1) {
+    h = n.boundary(n.vocab_embedding(*root[0], N));
+  } else if (first == 0) {
+    h = n.boundary(t.op({root[0]}, N * D, r.num.param, {}, false, 0, n.ew(N * D * r.num.param)));
+  }
+  // Under cp the whole sequence's tables are made and this rank's rows taken (Llama::forward_layers).
+  const T cos_all = r.cp > 1 ? t.data(m.seq_len * m.head_dim(), h.elem) : T(), sin_all = r.cp > 1 ? t.data(m.seq_len * m.head_dim(), h.elem) : T();
+  const T cos = t.data(S * m.head_dim(), h.elem), sin = t.data(S * m.head_dim(), h.elem);
+  const T mask = m.attention == "sdpa" || r.cp > 1 ? T() : t.data(S * S, h.elem);
+  for (auto i = static_cast<size_t>(first); i < static_cast<size_t>(last); ++i) {
+    const auto& b = blocks[i];
+    const LlamaBlockParams p{b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8]};
+    auto fn = [n, p, selective](Tape&, const T& x) mutable { return llama_block(n, x, p, selective); };
+    h = run_block(t, r, i, fn, h, b);
+    h = n.boundary(h);
+  }
+  if (last < m.layers) return h;
+  T logits;
+  {
+    const T out = n.enter(rms_norm(n, h, *root[1], h.numel / D));
     h = T();
-    return n.loss(logits, N, m.vocab);
+    logits = n.boundary(n.linear(out, m.tied ? *root[0] : *root[2], nullptr, N, D, m.vocab / r.tp));
   }
-  if (m.family == "llama") {
-    const int64_t S = r.local_seq(), D = m.width, N = B * S;
-    T h = input;
-    if (first == 0 && r.tp > 1) {
-      h = n.boundary(n.vocab_embedding(*root[0], N));
-    } else if (first == 0) {
-      h = n.boundary(t.op({root[0]}, N * D, r.num.param, {}, false, 0, n.ew(N * D * r.num.param)));
-    }
-    // Under cp the whole sequence's tables are made and this rank's rows taken (Llama::forward_layers).
-    const T cos_all = r.cp > 1 ? t.data(m.seq_len * m.head_dim(), h.elem) : T(), sin_all = r.cp > 1 ? t.data(m.seq_len * m.head_dim(), h.elem) : T();
-    const T cos = t.data(S * m.head_dim(), h.elem), sin = t.data(S * m.head_dim(), h.elem);
-    const T mask = m.attention == "sdpa" || r.cp > 1 ? T() : t.data(S * S, h.elem);
-    for (auto i = static_cast<size_t>(first); i < static_cast<size_t>(last); ++i) {
-      const auto& b = blocks[i];
-      const LlamaBlockParams p{b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8]};
-      auto fn = [n, p, selective](Tape&, const T& x) mutable { return llama_block(n, x, p, selective); };
-      h = run_block(t, r, i, fn, h, b);
-      h = n.boundary(h);
-    }
-    if (last < m.layers) return h;
-    T logits;
-    {
-      const T out = n.enter(rms_norm(n, h, *root[1], h.numel / D));
-      h = T();
-      logits = n.boundary(n.linear(out, m.tied ? *root[0] : *root[2], nullptr, N, D, m.vocab / r.tp));
-    }
-    return n.loss(logits, N, m.vocab);
+  return n.loss(logits, N, m.vocab);
+}
+
+// MLP: a linear and an activation per block, then the classifier and the loss.
+T mlp_forward_loss(Tape& t, const Replay& r, Net& n, const ParamRefs& w, const T& input) {
+  const ModelShape& m = r.model;
+  const std::vector<const T*>& root = w.root;
+  const std::vector<std::vector<const T*>>& blocks = w.blocks;
+  const int64_t B = r.batch;
+  T h = input;
+  int64_t in = r.channels * r.height * r.width;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const int64_t out = m.hidden[i];
+    const auto& b = blocks[i];
+    auto fn = [n, b, in, out, B](Tape&, const T& x) mutable { return n.unary(n.linear(x, *b[0], b[1], B, in, out), false, true); };
+    h = run_block(t, r, i, fn, h, b);
+    h = n.boundary(h);
+    in = out;
   }
-  if (m.family == "mlp") {
-    T h = input;
-    int64_t in = r.channels * r.height * r.width;
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      const int64_t out = m.hidden[i];
-      const auto& b = blocks[i];
-      auto fn = [n, b, in, out, B](Tape&, const T& x) mutable { return n.unary(n.linear(x, *b[0], b[1], B, in, out), false, true); };
-      h = run_block(t, r, i, fn, h, b);
-      h = n.boundary(h);
-      in = out;
-    }
-    T logits = n.boundary(n.linear(h, *root[0], root[1], B, in, r.classes));
-    h = T();
-    return n.loss(logits, B, r.classes);
-  }
-  // cnn
+  T logits = n.boundary(n.linear(h, *root[0], root[1], B, in, r.classes));
+  h = T();
+  return n.loss(logits, B, r.classes);
+}
+
+// CNN: the stem, the residual blocks per stage (the first of each later stage strided, with a 1x1
+// shortcut), the pooled classifier and the loss.
+T cnn_forward_loss(Tape& t, const Replay& r, Net& n, const ParamRefs& w, const T& input) {
+  const ModelShape& m = r.model;
+  const std::vector<const T*>& root = w.root;
+  const std::vector<std::vector<const T*>>& blocks = w.blocks;
+  const int64_t B = r.batch;
   int64_t hw = r.height * r.width;
   const int64_t w0 = m.width;
   T h;
@@ -622,6 +655,17 @@ T forward_loss(Tape& t, const Replay& r, const std::vector<T>& params, const T& 
     logits = n.boundary(n.linear(pooled, *root[root.size() - 2], root.back(), B, in, r.classes));
   }
   return n.loss(logits, B, r.classes);
+}
+
+}  // namespace
+
+T forward_loss(Tape& t, const Replay& r, const std::vector<T>& params, const T& input, const T&) {
+  Net n{t, r, r.num};
+  const ParamRefs w = param_refs(r, params);
+  if (r.model.family == "gpt") return gpt_forward_loss(t, r, n, w, input);
+  if (r.model.family == "llama") return llama_forward_loss(t, r, n, w, input);
+  if (r.model.family == "mlp") return mlp_forward_loss(t, r, n, w, input);
+  return cnn_forward_loss(t, r, n, w, input);
 }
 
 }  // namespace trainscope::plan

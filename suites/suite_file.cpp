@@ -96,6 +96,133 @@ json parse_pitfall(const toml::table& t, const std::string& at) {
   if (p["wrong"].empty() || p["fix"].empty()) throw UsageError(at + ": a pitfall needs 'wrong' and 'fix' cells");
   return p;
 }
+
+// [axes]: each axis a non-empty list of valid values, in file order.
+void parse_axes(Suite& s, const toml::node& node, const std::string& where) {
+  for (const auto& [axis, values] : in_file_order(as_table(node, where))) {
+    const std::string at = where + "." + axis;
+    const toml::array* arr = values->as_array();
+    if (!arr || arr->empty()) throw UsageError(at + ": expected a non-empty list of values");
+    Axis a{axis, {}};
+    for (const auto& v : *arr) {
+      try {
+        a.values.push_back(validate_value(axis, to_json_value(v, at)));
+      } catch (const UsageError& e) {
+        throw UsageError(at + ": " + e.what());
+      }
+    }
+    s.axes.push_back(std::move(a));
+  }
+}
+
+// [when.AXIS.VALUE]: settings for the cells where an axis has that value.
+void parse_when(Suite& s, const toml::node& node, const std::string& where) {
+  for (const auto& [axis, per_value] : in_file_order(as_table(node, where))) {
+    const std::string at = where + "." + axis;
+    auto it = std::find_if(s.axes.begin(), s.axes.end(), [&](const Axis& a) { return a.key == axis; });
+    if (it == s.axes.end()) throw UsageError(at + ": '" + axis + "' is not an axis of this suite");
+    for (const auto& [value, settings] : in_file_order(as_table(*per_value, at))) {
+      const json v = validate_value(axis, parse_value(axis, value));
+      if (std::find(it->values.begin(), it->values.end(), v) == it->values.end())
+        throw UsageError(at + "." + value + ": '" + value + "' is not a value of axis " + axis);
+      s.when.push_back({axis, v, settings_table(as_table(*settings, at + "." + value), at + "." + value)});
+    }
+  }
+}
+
+// [frontier]: the largest-batch search under a budget, for some models or cells.
+json parse_frontier(const toml::node& node, const std::string& where) {
+  const toml::table& t = as_table(node, where);
+  json f{{"budget", "none"}, {"steps", 3}, {"start", 8}, {"limit", 4096}, {"models", json::array()}, {"cells", json::array()}};
+  for (const auto& [k, v] : in_file_order(t)) {
+    const std::string at = where + "." + k;
+    if (k == "budget") f[k] = validate_value("memory_budget", to_json_value(*v, at));
+    else if (k == "steps" || k == "start" || k == "limit") {
+      if (!v->is_integer() || v->as_integer()->get() < 1) throw UsageError(at + ": expected a positive integer");
+      f[k] = v->as_integer()->get();
+    } else if (k == "models") {
+      const toml::array* arr = v->as_array();
+      if (!arr) throw UsageError(at + ": expected a list of models");
+      for (const auto& m : *arr) f[k].push_back(validate_value("model", to_json_value(m, at)));
+    } else if (k == "cells") {
+      const toml::array* arr = v->as_array();
+      if (!arr) throw UsageError(at + ": expected a list of cell names");
+      for (const auto& m : *arr) {
+        if (!m.is_string()) throw UsageError(at + ": expected a list of cell names");
+        f[k].push_back(m.as_string()->get());
+      }
+    } else {
+      throw UsageError(at + ": unknown key (allowed: budget, steps, start, limit, models, cells)");
+    }
+  }
+  return f;
+}
+
+// [[cells]]: named cells beside the axes' product, each with its own settings.
+void parse_cells(Suite& s, const toml::node& node, const std::string& where) {
+  const toml::array* arr = node.as_array();
+  if (!arr || !arr->is_array_of_tables()) throw UsageError(where + ": expected [[cells]] tables");
+  for (size_t i = 0; i < arr->size(); ++i) {
+    const std::string at = where + "[" + std::to_string(i) + "]";
+    toml::table t = *arr->get(i)->as_table();
+    const auto* n = t.get_as<std::string>("name");
+    if (!n || n->get().empty()) throw UsageError(at + ": a cell needs a name");
+    const std::string cell_name = n->get();
+    t.erase("name");
+    s.extra_cells.emplace_back(cell_name, settings_table(t, at));
+  }
+}
+
+// [models.NAME]: a model of the suite's own, by family and dimensions.
+void parse_models(Suite& s, const toml::node& node, const std::string& where) {
+  const auto& dims = model_dimension_keys();
+  for (const auto& [name, table] : in_file_order(as_table(node, where))) {
+    const std::string at = where + "." + name;
+    validate_value("model", name);
+    if (find_model_preset(name)) throw UsageError(at + ": '" + name + "' is a preset's name; give your model a name of its own");
+    const json def = settings_table(as_table(*table, at), at);
+    for (auto it = def.begin(); it != def.end(); ++it)
+      if (std::find(dims.begin(), dims.end(), it.key()) == dims.end())
+        throw UsageError(at + "." + it.key() + ": not a model dimension (allowed: " + join_names(dims) + ")");
+    if (!def.contains("family") || def["family"] == "preset")
+      throw UsageError(at + ": a model of your own needs its family (gpt, llama or vit)");
+    s.models[name] = def;
+  }
+}
+
+// [expect]: a cell's expected status (or statuses).
+void parse_expect(Suite& s, const toml::node& node, const std::string& where) {
+  const toml::table* t = node.as_table();
+  if (!t) throw UsageError(where + ": expected a table of cell name = status (or a list of statuses)");
+  for (const auto& [cell, v] : *t) {
+    const std::string at = where + "." + std::string(cell.str());
+    json statuses = json::array();
+    if (v.is_string()) statuses.push_back(v.as_string()->get());
+    else if (const toml::array* arr = v.as_array())
+      for (const auto& x : *arr) statuses.push_back(x.is_string() ? json(x.as_string()->get()) : json(nullptr));
+    for (const auto& st : statuses)
+      if (!st.is_string() || !std::set<std::string>{"ok", "diverged", "oom", "failed", "timeout"}.count(st.get<std::string>()))
+        throw UsageError(at + ": expected a status or a list of them (diverged, oom, failed, timeout, ok)");
+    if (statuses.empty()) throw UsageError(at + ": expected a status or a list of them (diverged, oom, failed, timeout, ok)");
+    s.expect[std::string(cell.str())] = statuses;
+  }
+}
+
+// Every cell's configuration (models and their dimensions included) is checked now, and a pitfall's or
+// an expectation's cell that is none of the suite's is a typo: both caught before anything runs.
+void check_cell_names(const Suite& s, const std::string& origin) {
+  const std::vector<Cell> cells = expand(s);
+  for (size_t i = 0; i < s.pitfalls.size(); ++i)
+    for (const char* part : {"wrong", "fix", "reference"})
+      for (const auto& n : s.pitfalls[i][part])
+        if (std::none_of(cells.begin(), cells.end(), [&](const Cell& c) { return c.name == n.get<std::string>(); }))
+          throw UsageError(origin + ": pitfalls[" + std::to_string(i) + "]." + part + ": no cell named '" +
+                           n.get<std::string>() + "'");
+  for (auto it = s.expect.begin(); it != s.expect.end(); ++it)
+    if (std::none_of(cells.begin(), cells.end(), [&](const Cell& c) { return c.name == it.key(); }))
+      throw UsageError(origin + ": expect: no cell named '" + it.key() + "'");
+}
+
 }  // namespace
 
 Suite parse_suite(const std::string& text, const std::string& origin) {
@@ -111,12 +238,9 @@ Suite parse_suite(const std::string& text, const std::string& origin) {
   s.source = origin;
   for (const auto& [key, node] : in_file_order(doc)) {
     const std::string where = origin + ": " + key;
-    if (key == "name") {
+    if (key == "name" || key == "description") {
       if (!node->is_string()) throw UsageError(where + ": expected a string");
-      s.name = node->as_string()->get();
-    } else if (key == "description") {
-      if (!node->is_string()) throw UsageError(where + ": expected a string");
-      s.description = node->as_string()->get();
+      (key == "name" ? s.name : s.description) = node->as_string()->get();
     } else if (key == "repeat") {
       if (!node->is_integer() || node->as_integer()->get() < 1 || node->as_integer()->get() > 100)
         throw UsageError(where + ": expected an integer from 1 to 100");
@@ -124,121 +248,29 @@ Suite parse_suite(const std::string& text, const std::string& origin) {
     } else if (key == "base") {
       s.base = settings_table(as_table(*node, where), where);
     } else if (key == "axes") {
-      for (const auto& [axis, values] : in_file_order(as_table(*node, where))) {
-        const std::string at = where + "." + axis;
-        const toml::array* arr = values->as_array();
-        if (!arr || arr->empty()) throw UsageError(at + ": expected a non-empty list of values");
-        Axis a{axis, {}};
-        for (const auto& v : *arr) {
-          try {
-            a.values.push_back(validate_value(axis, to_json_value(v, at)));
-          } catch (const UsageError& e) {
-            throw UsageError(at + ": " + e.what());
-          }
-        }
-        s.axes.push_back(std::move(a));
-      }
+      parse_axes(s, *node, where);
     } else if (key == "when") {
-      for (const auto& [axis, per_value] : in_file_order(as_table(*node, where))) {
-        const std::string at = where + "." + axis;
-        auto it = std::find_if(s.axes.begin(), s.axes.end(), [&](const Axis& a) { return a.key == axis; });
-        if (it == s.axes.end()) throw UsageError(at + ": '" + axis + "' is not an axis of this suite");
-        for (const auto& [value, settings] : in_file_order(as_table(*per_value, at))) {
-          const json v = validate_value(axis, parse_value(axis, value));
-          if (std::find(it->values.begin(), it->values.end(), v) == it->values.end())
-            throw UsageError(at + "." + value + ": '" + value + "' is not a value of axis " + axis);
-          s.when.push_back({axis, v, settings_table(as_table(*settings, at + "." + value), at + "." + value)});
-        }
-      }
+      parse_when(s, *node, where);
     } else if (key == "frontier") {
-      const toml::table& t = as_table(*node, where);
-      json f{{"budget", "none"}, {"steps", 3}, {"start", 8}, {"limit", 4096}, {"models", json::array()}, {"cells", json::array()}};
-      for (const auto& [k, v] : in_file_order(t)) {
-        const std::string at = where + "." + k;
-        if (k == "budget") f[k] = validate_value("memory_budget", to_json_value(*v, at));
-        else if (k == "steps" || k == "start" || k == "limit") {
-          if (!v->is_integer() || v->as_integer()->get() < 1) throw UsageError(at + ": expected a positive integer");
-          f[k] = v->as_integer()->get();
-        } else if (k == "models") {
-          const toml::array* arr = v->as_array();
-          if (!arr) throw UsageError(at + ": expected a list of models");
-          for (const auto& m : *arr) f[k].push_back(validate_value("model", to_json_value(m, at)));
-        } else if (k == "cells") {
-          const toml::array* arr = v->as_array();
-          if (!arr) throw UsageError(at + ": expected a list of cell names");
-          for (const auto& m : *arr) {
-            if (!m.is_string()) throw UsageError(at + ": expected a list of cell names");
-            f[k].push_back(m.as_string()->get());
-          }
-        } else {
-          throw UsageError(at + ": unknown key (allowed: budget, steps, start, limit, models, cells)");
-        }
-      }
-      s.frontier = f;
+      s.frontier = parse_frontier(*node, where);
     } else if (key == "cells") {
-      const toml::array* arr = node->as_array();
-      if (!arr || !arr->is_array_of_tables()) throw UsageError(where + ": expected [[cells]] tables");
-      for (size_t i = 0; i < arr->size(); ++i) {
-        const std::string at = where + "[" + std::to_string(i) + "]";
-        toml::table t = *arr->get(i)->as_table();
-        const auto* n = t.get_as<std::string>("name");
-        if (!n || n->get().empty()) throw UsageError(at + ": a cell needs a name");
-        const std::string cell_name = n->get();
-        t.erase("name");
-        s.extra_cells.emplace_back(cell_name, settings_table(t, at));
-      }
+      parse_cells(s, *node, where);
     } else if (key == "models") {
-      const auto& dims = model_dimension_keys();
-      for (const auto& [name, table] : in_file_order(as_table(*node, where))) {
-        const std::string at = where + "." + name;
-        validate_value("model", name);
-        if (find_model_preset(name)) throw UsageError(at + ": '" + name + "' is a preset's name; give your model a name of its own");
-        const json def = settings_table(as_table(*table, at), at);
-        for (auto it = def.begin(); it != def.end(); ++it)
-          if (std::find(dims.begin(), dims.end(), it.key()) == dims.end())
-            throw UsageError(at + "." + it.key() + ": not a model dimension (allowed: " + join_names(dims) + ")");
-        if (!def.contains("family") || def["family"] == "preset")
-          throw UsageError(at + ": a model of your own needs its family (gpt, llama or vit)");
-        s.models[name] = def;
-      }
+      parse_models(s, *node, where);
     } else if (key == "pitfalls") {
       const toml::array* arr = node->as_array();
       if (!arr || !arr->is_array_of_tables()) throw UsageError(where + ": expected [[pitfalls]] tables");
       for (size_t i = 0; i < arr->size(); ++i)
         s.pitfalls.push_back(parse_pitfall(*arr->get(i)->as_table(), where + "[" + std::to_string(i) + "]"));
     } else if (key == "expect") {
-      const toml::table* t = node->as_table();
-      if (!t) throw UsageError(where + ": expected a table of cell name = status (or a list of statuses)");
-      for (const auto& [cell, v] : *t) {
-        const std::string at = where + "." + std::string(cell.str());
-        json statuses = json::array();
-        if (v.is_string()) statuses.push_back(v.as_string()->get());
-        else if (const toml::array* arr = v.as_array())
-          for (const auto& x : *arr) statuses.push_back(x.is_string() ? json(x.as_string()->get()) : json(nullptr));
-        for (const auto& st : statuses)
-          if (!st.is_string() || !std::set<std::string>{"ok", "diverged", "oom", "failed", "timeout"}.count(st.get<std::string>()))
-            throw UsageError(at + ": expected a status or a list of them (diverged, oom, failed, timeout, ok)");
-        if (statuses.empty()) throw UsageError(at + ": expected a status or a list of them (diverged, oom, failed, timeout, ok)");
-        s.expect[std::string(cell.str())] = statuses;
-      }
+      parse_expect(s, *node, where);
     } else {
       throw UsageError(where +
                        ": unknown key (allowed: name, description, repeat, base, axes, when, models, cells, frontier, pitfalls, expect)");
     }
   }
   if (s.name.empty()) throw UsageError(origin + ": missing 'name'");
-  // Every cell's configuration (models and their dimensions included) is checked now, and a pitfall's
-  // cell that is none of the suite's is a typo: both caught before anything runs.
-  const std::vector<Cell> cells = expand(s);
-  for (size_t i = 0; i < s.pitfalls.size(); ++i)
-    for (const char* part : {"wrong", "fix", "reference"})
-      for (const auto& n : s.pitfalls[i][part])
-        if (std::none_of(cells.begin(), cells.end(), [&](const Cell& c) { return c.name == n.get<std::string>(); }))
-          throw UsageError(origin + ": pitfalls[" + std::to_string(i) + "]." + part + ": no cell named '" +
-                           n.get<std::string>() + "'");
-  for (auto it = s.expect.begin(); it != s.expect.end(); ++it)
-    if (std::none_of(cells.begin(), cells.end(), [&](const Cell& c) { return c.name == it.key(); }))
-      throw UsageError(origin + ": expect: no cell named '" + it.key() + "'");
+  check_cell_names(s, origin);
   return s;
 }
 

@@ -104,6 +104,89 @@ std::string rank_failure(const ChildOutcome& o, double timeout_s, const std::str
 // cell process ends within the timeout, then writes its result and exits.
 constexpr double kOutcomeGrace_s = 10;
 
+// One rank's outcome as the cell reports it: its status, whether a signal ended it, when its error came
+// (failed_at, from its result file) and why.
+json rank_outcome(const ChildOutcome& o, int rank, double timeout_s, const std::string& result, const std::string& log) {
+  const bool ok = o.kind == ChildOutcome::Kind::Exited && o.exit_code == 0;
+  std::string status = o.kind == ChildOutcome::Kind::TimedOut ? "timeout" : ok ? "ok" : "failed";
+  if (o.kind == ChildOutcome::Kind::Exited && o.exit_code == kRankOom) status = "oom";
+  if (o.kind == ChildOutcome::Kind::Stopped) status = "stopped";
+  json failed_at = nullptr;
+  if (!ok && fs::exists(result)) {
+    try {
+      failed_at = reports::read_json_file(result).value("failed_at", json(nullptr));
+    } catch (const std::exception&) {
+    }
+  }
+  return {{"rank", rank}, {"ok", ok}, {"status", status}, {"signaled", o.kind == ChildOutcome::Kind::Signaled},
+          {"failed_at", failed_at}, {"reason", ok ? "" : rank_failure(o, timeout_s, result, log)}, {"wall_s", o.wall_s}};
+}
+
+// Under an external launcher, rank 0's process collects the other ranks' outcomes from the store, all
+// within one deadline (a lost node's ranks are waited for once, not one after the other). A rank whose
+// `trainscope run` died or hangs sent none: the cell says so and the suite goes on. Returns the nodes
+// whose ranks went silent, with those ranks.
+json collect_outcomes(std::vector<json>& outcomes, RendezvousStore& store, const std::string& prefix, int world,
+                      double collective_timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(collective_timeout + kOutcomeGrace_s);
+  const auto left = [&deadline] {
+    return std::max(1.0, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count());
+  };
+  std::map<std::string, std::vector<int>> silent;  // host -> ranks that sent no outcome
+  for (int r = 1; r < world; ++r) {
+    try {
+      outcomes.push_back(json::parse(store.get(prefix + "outcome/" + std::to_string(r), left())));
+    } catch (const std::exception& e) {
+      std::string host = "?";
+      try {
+        host = store.get(prefix + "host/" + std::to_string(r), 1.0);
+      } catch (const std::exception&) {
+      }
+      silent[host].push_back(r);
+      outcomes.push_back({{"rank", r}, {"ok", false}, {"status", "failed"}, {"signaled", false}, {"failed_at", nullptr},
+                          {"wall_s", nullptr}, {"host", host}, {"reason", std::string("sent no outcome: ") + e.what()}});
+    }
+  }
+  json lost_nodes = json::array();
+  for (const auto& [host, ranks] : silent) lost_nodes.push_back({{"host", host}, {"ranks", ranks}});
+  return lost_nodes;
+}
+
+// The cause among the failed ranks: one killed by a signal, else the one whose error came first (the
+// others fail on the connection it broke), else the first seen. Null when none failed.
+const json* culprit_of(const std::vector<json>& outcomes) {
+  const json* culprit = nullptr;
+  auto when = [](const json& o) { return o["failed_at"].is_number() ? o["failed_at"].get<double>() : 1e300; };
+  for (const auto& o : outcomes) {
+    if (o["status"] != "failed" && o["status"] != "oom") continue;
+    if (!culprit || (o["signaled"].get<bool>() && !(*culprit)["signaled"].get<bool>()) ||
+        (o["signaled"] == (*culprit)["signaled"] && when(o) < when(*culprit)))
+      culprit = &o;
+  }
+  return culprit;
+}
+
+// Why a multi-rank cell failed, in one line: a lost node first (the cause the others' connection errors
+// point at), then the culprit rank, then the ranks that had not failed and were stopped.
+std::string failure_reason(const json& culprit, const std::vector<json>& outcomes, const json& lost_nodes, int world,
+                           double collective_timeout) {
+  std::string reason = "rank " + std::to_string(culprit["rank"].get<int>()) + " " + culprit["reason"].get<std::string>() +
+                       " (world of " + std::to_string(world) + ")";
+  std::string stopped;
+  for (const auto& o : outcomes)
+    if (o["status"] == "stopped") stopped += (stopped.empty() ? "" : ", ") + std::to_string(o["rank"].get<int>());
+  if (!stopped.empty()) reason += "; rank(s) " + stopped + " had not failed and were stopped (a rank that hangs looks like this)";
+  std::string lost;
+  for (const auto& n : lost_nodes) {
+    std::string list;
+    for (const auto& r : n["ranks"]) list += (list.empty() ? "" : ", ") + std::to_string(r.get<int>());
+    lost += (lost.empty() ? "" : "; ") + std::string("node ") + n["host"].get<std::string>() + " (rank" +
+            (n["ranks"].size() > 1 ? "s " : " ") + list + ") sent no outcome within " +
+            format_fixed(collective_timeout + kOutcomeGrace_s, 0) + " s: the node or its launcher was lost";
+  }
+  return lost.empty() ? reason : lost + "; " + reason;
+}
+
 // The ranks of a multi-rank cell that this process runs: all of them (local launch) or its own
 // (external launch). Returns the cell on the process that holds rank 0, this rank's outcome elsewhere.
 json run_ranks(const std::string& name, const json& config, const std::string& device, const std::string& stem,
@@ -111,7 +194,6 @@ json run_ranks(const std::string& name, const json& config, const std::string& d
   const int world = config["world_size"].get<int>();
   const double collective_timeout = config["collective_timeout_s"].get<double>();
   std::vector<int> mine;
-  json lost_nodes = json::array();  // hosts whose ranks all went silent under a launcher
   if (launch.external())
     mine.push_back(launch.rank);
   else
@@ -141,93 +223,28 @@ json run_ranks(const std::string& name, const json& config, const std::string& d
   // Every rank's outcome; under an external launcher they meet in the store, where rank 0's process
   // collects them.
   std::vector<json> outcomes;
-  for (size_t i = 0; i < mine.size(); ++i) {
-    const ChildOutcome& o = g.children[i];
-    const bool ok = o.kind == ChildOutcome::Kind::Exited && o.exit_code == 0;
-    std::string status = o.kind == ChildOutcome::Kind::TimedOut ? "timeout" : ok ? "ok" : "failed";
-    if (o.kind == ChildOutcome::Kind::Exited && o.exit_code == kRankOom) status = "oom";
-    if (o.kind == ChildOutcome::Kind::Stopped) status = "stopped";
-    json failed_at = nullptr;
-    if (!ok && fs::exists(rank_file(mine[i], ".json"))) {
-      try {
-        failed_at = reports::read_json_file(rank_file(mine[i], ".json")).value("failed_at", json(nullptr));
-      } catch (const std::exception&) {
-      }
-    }
-    outcomes.push_back({{"rank", mine[i]}, {"ok", ok}, {"status", status},
-                        {"signaled", o.kind == ChildOutcome::Kind::Signaled}, {"failed_at", failed_at},
-                        {"reason", ok ? "" : rank_failure(o, timeout_s, rank_file(mine[i], ".json"), logs[i])},
-                        {"wall_s", o.wall_s}});
-  }
+  for (size_t i = 0; i < mine.size(); ++i)
+    outcomes.push_back(rank_outcome(g.children[i], mine[i], timeout_s, rank_file(mine[i], ".json"), logs[i]));
+  json lost_nodes = json::array();  // hosts whose ranks all went silent under a launcher
   if (launch.external()) {
     store.set(prefix + "outcome/" + std::to_string(launch.rank), outcomes[0].dump());
     if (launch.rank != 0)  // this rank's own outcome; rank 0's process builds the cell
       return json{{"status", outcomes[0]["status"]}, {"reason", outcomes[0]["reason"]}, {"wall_s", g.wall_s}};
-    // One deadline for all: a lost node's ranks are waited for once, not one after the other.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(collective_timeout + kOutcomeGrace_s);
-    const auto left = [&deadline] {
-      return std::max(1.0, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count());
-    };
-    std::map<std::string, std::vector<int>> silent;  // host -> ranks that sent no outcome
-    for (int r = 1; r < world; ++r) {
-      try {
-        outcomes.push_back(json::parse(store.get(prefix + "outcome/" + std::to_string(r), left())));
-      } catch (const std::exception& e) {
-        // Its `trainscope run` died or hangs: the cell says so and the suite goes on.
-        std::string host = "?";
-        try {
-          host = store.get(prefix + "host/" + std::to_string(r), 1.0);
-        } catch (const std::exception&) {
-        }
-        silent[host].push_back(r);
-        outcomes.push_back({{"rank", r}, {"ok", false}, {"status", "failed"}, {"signaled", false}, {"failed_at", nullptr},
-                            {"wall_s", nullptr}, {"host", host}, {"reason", std::string("sent no outcome: ") + e.what()}});
-      }
-    }
-    for (const auto& [host, ranks] : silent) lost_nodes.push_back({{"host", host}, {"ranks", ranks}});
+    lost_nodes = collect_outcomes(outcomes, store, prefix, world, collective_timeout);
   }
 
-  // The cause among the failed ranks: one killed by a signal, else the one whose error came first
-  // (the others fail on the connection it broke), else the first seen.
-  const json* culprit = nullptr;
-  auto when = [](const json& o) { return o["failed_at"].is_number() ? o["failed_at"].get<double>() : 1e300; };
-  for (const auto& o : outcomes) {
-    if (o["status"] != "failed" && o["status"] != "oom") continue;
-    if (!culprit || (o["signaled"].get<bool>() && !(*culprit)["signaled"].get<bool>()) ||
-        (o["signaled"] == (*culprit)["signaled"] && when(o) < when(*culprit)))
-      culprit = &o;
-  }
-  std::vector<std::string> stopped;
-  for (const auto& o : outcomes)
-    if (o["status"] == "stopped") stopped.push_back(std::to_string(o["rank"].get<int>()));
+  const json* culprit = culprit_of(outcomes);
   const bool timed_out = std::any_of(outcomes.begin(), outcomes.end(), [](const json& o) { return o["status"] == "timeout"; });
   json cell;
   if (!culprit && !timed_out && fs::exists(rank_file(0, ".json"))) {
     cell = reports::read_json_file(rank_file(0, ".json"));
   } else if (culprit) {
-    std::string reason = "rank " + std::to_string((*culprit)["rank"].get<int>()) + " " +
-                         (*culprit)["reason"].get<std::string>() + " (world of " + std::to_string(world) + ")";
-    if (!stopped.empty()) {
-      std::string list;
-      for (const auto& r : stopped) list += (list.empty() ? "" : ", ") + r;
-      reason += "; rank(s) " + list + " had not failed and were stopped (a rank that hangs looks like this)";
-    }
-    // A node whose ranks went silent is the cause the others' connection errors point at: said first.
-    std::string lost;
-    for (const auto& n : lost_nodes) {
-      std::string list;
-      for (const auto& r : n["ranks"]) list += (list.empty() ? "" : ", ") + std::to_string(r.get<int>());
-      lost += (lost.empty() ? "" : "; ") + std::string("node ") + n["host"].get<std::string>() + " (rank" +
-              (n["ranks"].size() > 1 ? "s " : " ") + list + ") sent no outcome within " +
-              format_fixed(collective_timeout + kOutcomeGrace_s, 0) + " s: the node or its launcher was lost";
-    }
-    if (!lost.empty()) reason = lost + "; " + reason;
-    cell = cell_without_metrics(name, config, device, (*culprit)["status"].get<std::string>(), reason);
+    cell = cell_without_metrics(name, config, device, (*culprit)["status"].get<std::string>(),
+                                failure_reason(*culprit, outcomes, lost_nodes, world, collective_timeout));
     if (!lost_nodes.empty()) cell["lost_nodes"] = lost_nodes;
   } else {
     cell = cell_without_metrics(name, config, device, "timeout",
-                                describe(ChildOutcome{ChildOutcome::Kind::TimedOut}, timeout_s) + " (" +
-                                    std::to_string(world) + " ranks)");
+                                describe(ChildOutcome{ChildOutcome::Kind::TimedOut}, timeout_s) + " (" + std::to_string(world) + " ranks)");
   }
   cell["rank_outcomes"] = outcomes;
   cell["wall_s"] = g.wall_s;

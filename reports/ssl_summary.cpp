@@ -228,6 +228,73 @@ const json* upstream_of(const json& report, const json& cell) {
   return nullptr;
 }
 
+// One label subset: the SSL path's accuracy and what it cost (the probe or the fine-tune, whichever
+// scored higher; a tie goes to the probe, the cheaper path) against the scratch run on the same subset
+// at its best within that compute. `curve`: that scratch run's logged points (null: none).
+json seed_entry(const json& seed, double probe, double finetune, double finetune_s, double pretrain, const json* curve) {
+  json e{{"seed", seed}};
+  if (!std::isfinite(probe) && !std::isfinite(finetune)) {
+    e.update(json{{"ssl_accuracy", nullptr}, {"ssl_path", nullptr}, {"ssl_cost_s", nullptr}, {"scratch_accuracy", nullptr},
+                  {"scratch_steps", nullptr}, {"scratch_seconds", nullptr}, {"scratch_within_compute", nullptr}, {"delta", nullptr}});
+    return e;
+  }
+  const bool use_probe = !std::isfinite(finetune) || (std::isfinite(probe) && probe >= finetune);
+  const double acc = use_probe ? probe : finetune;
+  const double cost = use_probe ? pretrain : pretrain + finetune_s;
+  const json* best = nullptr;
+  bool within = true;
+  if (curve && std::isfinite(cost)) {
+    for (const auto& pt : *curve)
+      if (num(member(pt, "seconds")) <= cost && std::isfinite(num(member(pt, "accuracy"))) &&
+          (!best || num(pt["accuracy"]) > num((*best)["accuracy"])))
+        best = &pt;
+    // Even the scratch run's first logged point cost more: compare with it, and say so.
+    if (!best) best = &(*curve)[0], within = false;
+  }
+  const double scratch = best ? num(member(*best, "accuracy")) : kNaN;
+  e.update(json{{"ssl_accuracy", acc},
+                {"ssl_path", use_probe ? "probe" : "finetune"},
+                {"ssl_cost_s", or_null(cost)},
+                {"scratch_accuracy", or_null(scratch)},
+                {"scratch_steps", best ? member(*best, "steps") : json(nullptr)},
+                {"scratch_seconds", best ? member(*best, "seconds") : json(nullptr)},
+                {"scratch_within_compute", best ? json(within) : json(nullptr)},
+                {"delta", or_null(acc - scratch)}});
+  return e;
+}
+
+double mean_of(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? kNaN : sum / v.size();
+}
+
+// The deltas' mean with its 95% Student-t interval, and the verdict it gives: pays off (the interval
+// above 0), does not (below), inconclusive (across it, or one seed: no interval to judge by).
+json delta_interval(const std::vector<double>& deltas) {
+  const size_t n = deltas.size();
+  const double m = mean_of(deltas);
+  double sd = kNaN, t = kNaN, low = kNaN, high = kNaN;
+  if (n >= 2) {
+    double ss = 0;
+    for (double d : deltas) ss += (d - m) * (d - m);
+    sd = std::sqrt(ss / (n - 1));
+    t = student_t975(static_cast<int64_t>(n) - 1);
+    low = m - t * sd / std::sqrt(static_cast<double>(n));
+    high = m + t * sd / std::sqrt(static_cast<double>(n));
+  }
+  json verdict = nullptr;
+  if (n >= 2) verdict = low > 0 ? "pays off" : high < 0 ? "does not" : "inconclusive";
+  else if (n == 1) verdict = "inconclusive";
+  return {{"n", n},
+          {"delta_mean", or_null(m)},
+          {"delta_sd", or_null(sd)},
+          {"t", or_null(t)},
+          {"delta_low", or_null(low)},
+          {"delta_high", or_null(high)},
+          {"verdict", verdict}};
+}
+
 json efficiency_rows(const json& report, const json& c) {
   json rows = json::array();
   const json& s = ssl_of(c);
@@ -248,101 +315,46 @@ json efficiency_rows(const json& report, const json& c) {
     const json* srow = sib ? fraction_row(sib_ssl, fraction) : nullptr;
     const json& curves = srow ? list(*srow, "scratch_curve") : list(json(), "");
     json per_seed = json::array();
-    std::vector<double> deltas, accs, costs, tunes;
+    std::vector<double> deltas, accs, costs, tunes, scratch_accs;
+    int flagged = 0;
     for (size_t i = 0; i < std::max(probe.size(), finetune.size()); ++i) {
       const json seed = i < seeds.size() ? seeds[i] : json(i);
-      const double p = num_at(probe, i), ft = num_at(finetune, i);
-      json e{{"seed", seed}};
-      if (!std::isfinite(p) && !std::isfinite(ft)) {
-        e.update(json{{"ssl_accuracy", nullptr}, {"ssl_path", nullptr}, {"ssl_cost_s", nullptr}, {"scratch_accuracy", nullptr},
-                      {"scratch_steps", nullptr}, {"scratch_seconds", nullptr}, {"scratch_within_compute", nullptr}, {"delta", nullptr}});
-        per_seed.push_back(e);
-        continue;
-      }
-      // A tie goes to the probe: it is the cheaper path.
-      const bool use_probe = !std::isfinite(ft) || (std::isfinite(p) && p >= ft);
-      const double acc = use_probe ? p : ft;
-      const double cost = use_probe ? pretrain : pretrain + num_at(finetune_s, i);
-      accs.push_back(acc);
-      if (std::isfinite(cost)) costs.push_back(cost);
-      if (!use_probe && std::isfinite(num_at(finetune_s, i))) tunes.push_back(num_at(finetune_s, i));
       // The scratch run on the same label subset: the seed of the same value, else the same position.
       size_t j = i;
       for (size_t k = 0; k < sib_seeds.size(); ++k)
         if (sib_seeds[k] == seed) j = k;
-      const json* best = nullptr;
-      bool within = true;
-      if (j < curves.size() && curves[j].is_array() && !curves[j].empty() && std::isfinite(cost)) {
-        for (const auto& pt : curves[j])
-          if (num(member(pt, "seconds")) <= cost && std::isfinite(num(member(pt, "accuracy"))) &&
-              (!best || num(pt["accuracy"]) > num((*best)["accuracy"])))
-            best = &pt;
-        // Even the scratch run's first logged point cost more: compare with it, and say so.
-        if (!best) best = &curves[j][0], within = false;
-      }
-      const double scratch = best ? num(member(*best, "accuracy")) : kNaN;
-      const double delta = acc - scratch;
-      if (std::isfinite(delta)) deltas.push_back(delta);
-      e.update(json{{"ssl_accuracy", acc},
-                    {"ssl_path", use_probe ? "probe" : "finetune"},
-                    {"ssl_cost_s", or_null(cost)},
-                    {"scratch_accuracy", or_null(scratch)},
-                    {"scratch_steps", best ? member(*best, "steps") : json(nullptr)},
-                    {"scratch_seconds", best ? member(*best, "seconds") : json(nullptr)},
-                    {"scratch_within_compute", best ? json(within) : json(nullptr)},
-                    {"delta", or_null(delta)}});
+      const bool has_curve = j < curves.size() && curves[j].is_array() && !curves[j].empty();
+      const json e =
+          seed_entry(seed, num_at(probe, i), num_at(finetune, i), num_at(finetune_s, i), pretrain, has_curve ? &curves[j] : nullptr);
       per_seed.push_back(e);
-    }
-    auto mean = [](const std::vector<double>& v) {
-      double sum = 0;
-      for (double x : v) sum += x;
-      return v.empty() ? kNaN : sum / v.size();
-    };
-    const size_t n = deltas.size();
-    const double m = mean(deltas);
-    double sd = kNaN, t = kNaN, low = kNaN, high = kNaN;
-    if (n >= 2) {
-      double ss = 0;
-      for (double d : deltas) ss += (d - m) * (d - m);
-      sd = std::sqrt(ss / (n - 1));
-      t = student_t975(static_cast<int64_t>(n) - 1);
-      low = m - t * sd / std::sqrt(static_cast<double>(n));
-      high = m + t * sd / std::sqrt(static_cast<double>(n));
-    }
-    json verdict = nullptr;
-    if (n >= 2) verdict = low > 0 ? "pays off" : high < 0 ? "does not" : "inconclusive";
-    else if (n == 1) verdict = "inconclusive";  // one seed: no interval to judge by
-    std::vector<double> scratch_accs;
-    int flagged = 0;
-    for (const auto& e : per_seed) {
+      if (e["ssl_accuracy"].is_null()) continue;
+      accs.push_back(e["ssl_accuracy"]);
+      if (e["ssl_cost_s"].is_number()) costs.push_back(e["ssl_cost_s"]);
+      if (e["ssl_path"] == "finetune" && std::isfinite(num_at(finetune_s, i))) tunes.push_back(num_at(finetune_s, i));
+      if (e["delta"].is_number()) deltas.push_back(e["delta"]);
       if (e["scratch_accuracy"].is_number()) scratch_accs.push_back(e["scratch_accuracy"]);
       if (e["scratch_within_compute"] == false) ++flagged;
     }
-    const double acc_mean = mean(accs);
-    rows.push_back({{"cell", c["name"]},
-                    {"method", text(s, "method", "?")},
-                    {"encoder", text(s, "encoder", "?")},
-                    {"supervised_cell", sib ? (*sib)["name"] : json(nullptr)},
-                    {"fraction", member(r, "fraction")},
-                    {"labels", member(r, "labels")},
-                    {"seeds", per_seed},
-                    {"n", n},
-                    {"ssl_accuracy_mean", or_null(acc_mean)},
-                    {"scratch_accuracy_mean", or_null(mean(scratch_accs))},
-                    {"pretrain_wall_s", or_null(pretrain)},
-                    {"pretrained", text(member(c, "config"), "pretrained", "").empty() ? json(nullptr) : c["config"]["pretrained"]},
-                    {"pretrained_from", up ? (*up)["name"] : json(nullptr)},
-                    {"upstream_pretrain_wall_s", up ? or_null(upstream) : json(nullptr)},
-                    {"finetune_s_mean", or_null(mean(tunes))},
-                    {"ssl_cost_s_mean", or_null(mean(costs))},
-                    {"scratch_outside_compute", flagged},
-                    {"delta_mean", or_null(m)},
-                    {"delta_sd", or_null(sd)},
-                    {"t", or_null(t)},
-                    {"delta_low", or_null(low)},
-                    {"delta_high", or_null(high)},
-                    {"verdict", verdict},
-                    {"label_equivalent", label_equivalent(arm, acc_mean, fraction, num(member(r, "labels")))}});
+    const double acc_mean = mean_of(accs);
+    json row = {{"cell", c["name"]},
+                {"method", text(s, "method", "?")},
+                {"encoder", text(s, "encoder", "?")},
+                {"supervised_cell", sib ? (*sib)["name"] : json(nullptr)},
+                {"fraction", member(r, "fraction")},
+                {"labels", member(r, "labels")},
+                {"seeds", per_seed},
+                {"ssl_accuracy_mean", or_null(acc_mean)},
+                {"scratch_accuracy_mean", or_null(mean_of(scratch_accs))},
+                {"pretrain_wall_s", or_null(pretrain)},
+                {"pretrained", text(member(c, "config"), "pretrained", "").empty() ? json(nullptr) : c["config"]["pretrained"]},
+                {"pretrained_from", up ? (*up)["name"] : json(nullptr)},
+                {"upstream_pretrain_wall_s", up ? or_null(upstream) : json(nullptr)},
+                {"finetune_s_mean", or_null(mean_of(tunes))},
+                {"ssl_cost_s_mean", or_null(mean_of(costs))},
+                {"scratch_outside_compute", flagged},
+                {"label_equivalent", label_equivalent(arm, acc_mean, fraction, num(member(r, "labels")))}};
+    row.update(delta_interval(deltas));
+    rows.push_back(row);
   }
   return rows;
 }

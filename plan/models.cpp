@@ -504,9 +504,10 @@ OpCost cp_attention_layer_cost(const Replay& r, int64_t batch) {
 namespace {
 
 // The parameters as the tape's tensors: the root's, then each block's, in the layout's order.
+using Refs = std::vector<const T*>;
 struct ParamRefs {
-  std::vector<const T*> root;
-  std::vector<std::vector<const T*>> blocks;
+  Refs root;
+  std::vector<Refs> blocks;
 };
 
 ParamRefs param_refs(const Replay& r, const std::vector<T>& params) {
@@ -523,10 +524,8 @@ ParamRefs param_refs(const Replay& r, const std::vector<T>& params) {
 
 // GPT: token and position embeddings (from the first stage), the blocks this stage holds, the final
 // norm, the head (tied to the embedding) and the loss (from the last).
-T gpt_forward_loss(Tape& t, const Replay& r, Net& n, const ParamRefs& w, const T& input) {
+T gpt_forward_loss(Tape& t, const Replay& r, Net& n, const Refs& root, const std::vector<Refs>& blocks, const T& input) {
   const ModelShape& m = r.model;
-  const std::vector<const T*>& root = w.root;
-  const std::vector<std::vector<const T*>>& blocks = w.blocks;
   const bool selective = r.checkpoint == "selective";
   const int64_t B = r.batch;
   const int64_t first = r.first_layer, last = r.last_layer < 0 ? m.layers : r.last_layer;
@@ -556,10 +555,8 @@ T gpt_forward_loss(Tape& t, const Replay& r, Net& n, const ParamRefs& w, const T
 
 // Llama: the embedding, the RoPE tables (and the causal mask of eager attention), the blocks this
 // stage holds, the final RMSNorm, the head and the loss.
-T llama_forward_loss(Tape& t, const Replay& r, Net& n, const ParamRefs& w, const T& input) {
+T llama_forward_loss(Tape& t, const Replay& r, Net& n, const Refs& root, const std::vector<Refs>& blocks, const T& input) {
   const ModelShape& m = r.model;
-  const std::vector<const T*>& root = w.root;
-  const std::vector<std::vector<const T*>>& blocks = w.blocks;
   const bool selective = r.checkpoint == "selective";
   const int64_t B = r.batch;
   const int64_t first = r.first_layer, last = r.last_layer < 0 ? m.layers : r.last_layer;
@@ -592,10 +589,8 @@ T llama_forward_loss(Tape& t, const Replay& r, Net& n, const ParamRefs& w, const
 }
 
 // MLP: a linear and an activation per block, then the classifier and the loss.
-T mlp_forward_loss(Tape& t, const Replay& r, Net& n, const ParamRefs& w, const T& input) {
+T mlp_forward_loss(Tape& t, const Replay& r, Net& n, const Refs& root, const std::vector<Refs>& blocks, const T& input) {
   const ModelShape& m = r.model;
-  const std::vector<const T*>& root = w.root;
-  const std::vector<std::vector<const T*>>& blocks = w.blocks;
   const int64_t B = r.batch;
   T h = input;
   int64_t in = r.channels * r.height * r.width;
@@ -614,10 +609,8 @@ T mlp_forward_loss(Tape& t, const Replay& r, Net& n, const ParamRefs& w, const T
 
 // CNN: the stem, the residual blocks per stage (the first of each later stage strided, with a 1x1
 // shortcut), the pooled classifier and the loss.
-T cnn_forward_loss(Tape& t, const Replay& r, Net& n, const ParamRefs& w, const T& input) {
+T cnn_forward_loss(Tape& t, const Replay& r, Net& n, const Refs& root, const std::vector<Refs>& blocks, const T& input) {
   const ModelShape& m = r.model;
-  const std::vector<const T*>& root = w.root;
-  const std::vector<std::vector<const T*>>& blocks = w.blocks;
   const int64_t B = r.batch;
   int64_t hw = r.height * r.width;
   const int64_t w0 = m.width;
@@ -662,10 +655,10 @@ T cnn_forward_loss(Tape& t, const Replay& r, Net& n, const ParamRefs& w, const T
 T forward_loss(Tape& t, const Replay& r, const std::vector<T>& params, const T& input, const T&) {
   Net n{t, r, r.num};
   const ParamRefs w = param_refs(r, params);
-  if (r.model.family == "gpt") return gpt_forward_loss(t, r, n, w, input);
-  if (r.model.family == "llama") return llama_forward_loss(t, r, n, w, input);
-  if (r.model.family == "mlp") return mlp_forward_loss(t, r, n, w, input);
-  return cnn_forward_loss(t, r, n, w, input);
+  if (r.model.family == "gpt") return gpt_forward_loss(t, r, n, w.root, w.blocks, input);
+  if (r.model.family == "llama") return llama_forward_loss(t, r, n, w.root, w.blocks, input);
+  if (r.model.family == "mlp") return mlp_forward_loss(t, r, n, w.root, w.blocks, input);
+  return cnn_forward_loss(t, r, n, w.root, w.blocks, input);
 }
 
 }  // namespace trainscope::plan

@@ -317,7 +317,7 @@ TEST(Plan, BadInputIsOneLineAndExitTwo) {
                                  "plan --model llama3-405b --set pp=0 --gpus-per-node 8",
                                  "plan --model llama3-405b --set pp_schedule=dualpipe --gpus-per-node 8",
                                  "plan --model llama3-8b --nodes 2 --seq 65536 --set cp=3",
-                                 "plan --model llama3-8b --nodes 2 --seq 65536 --set pp=2 --set cp=2",
+                                 "plan --model llama3-8b --seq 65536 --set tp=1 --set pp=2 --set cp=2",
                                  "plan --model llama3-8b --nodes 2 --set tp=8 --set pp=2 --set parallel=zero3"}) {
     const Result r = ts(args);
     EXPECT_EQ(r.code, 2) << args << ": " << r.out;

@@ -287,23 +287,21 @@ void compute_time(TimePrediction& t, const StepSetup& s, const MemoryPrediction&
   t.compute_s = d.gpu ? std::max(t.host_s, t.device_s) : t.host_s + t.device_s;
 }
 
-// One collective over the W data-parallel ranks, `calls` times, of which `exposed` seconds are waited for.
-double add_collective(TimePrediction& t, const DeviceProfile& d, const DataParallel& z, bool inter, const std::string& op, double bytes,
-                      double calls, double exposed) {
+// One collective over the W data-parallel ranks, once per step, with nothing to hide it: all of it exposed.
+void add_exposed_collective(TimePrediction& t, const DeviceProfile& d, const DataParallel& z, bool inter, const std::string& op,
+                            double bytes) {
   const double sec = d.collective_seconds(op, bytes, z.W, inter);
-  t.comm_s += sec * calls;
-  t.exposed_comm_s += exposed;
-  t.collectives.push_back({{"op", op}, {"bytes", bytes}, {"calls", calls}, {"seconds", sec * calls}, {"exposed_s", exposed}});
-  return sec;
+  t.comm_s += sec;
+  t.exposed_comm_s += sec;
+  t.collectives.push_back({{"op", op}, {"bytes", bytes}, {"calls", 1.0}, {"seconds", sec}, {"exposed_s", sec}});
 }
 
 // MasterZero12: one reduce-scatter of the whole gradient in reduce_dtype after backward, one all-gather
 // of the bf16 copy after the step: nothing left to hide either.
 void master_zero12_collectives(TimePrediction& t, const DeviceProfile& d, const DataParallel& z, bool inter) {
   const double flat = static_cast<double>(padded(z.total, z.W));
-  add_collective(t, d, z, inter, "reduce-scatter", flat * static_cast<double>(z.gelem), 1,
-                 d.collective_seconds("reduce-scatter", flat * z.gelem, z.W, inter));
-  add_collective(t, d, z, inter, "all-gather", flat * static_cast<double>(z.pe), 1, d.collective_seconds("all-gather", flat * z.pe, z.W, inter));
+  add_exposed_collective(t, d, z, inter, "reduce-scatter", flat * static_cast<double>(z.gelem));
+  add_exposed_collective(t, d, z, inter, "all-gather", flat * static_cast<double>(z.pe));
   t.overlap_rule = "the gradients reduce-scattered after backward and the parameters all-gathered after the step: exposed";
 }
 
@@ -339,7 +337,7 @@ void bucketed_collectives(TimePrediction& t, const StepSetup& s, const DevicePro
                            {"exposed_s", exposed}});
   if (z.st != "ddp") {
     const double flat = static_cast<double>(padded(z.total, z.W) * z.pe);
-    add_collective(t, d, z, inter, "all-gather", flat, 1, d.collective_seconds("all-gather", flat, z.W, inter));  // after the step: nothing hides it
+    add_exposed_collective(t, d, z, inter, "all-gather", flat);  // after the step: nothing hides it
   }
   t.overlap_rule = "gradient buckets reduced during backward (exposed: what outlasts backward, at least the last bucket)" +
                    std::string(z.st == "ddp" ? "" : "; the parameter all-gather after the step is exposed");

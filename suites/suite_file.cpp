@@ -67,6 +67,18 @@ const std::vector<std::string>& pitfall_kinds() {
 }
 
 namespace {
+// A list of cell names (a pitfall's wrong, fix and reference cells; the frontier's cells).
+json cell_names(const toml::node& v, const std::string& where) {
+  const toml::array* arr = v.as_array();
+  if (!arr) throw UsageError(where + ": expected a list of cell names");
+  json names = json::array();
+  for (const auto& n : *arr) {
+    if (!n.is_string()) throw UsageError(where + ": expected a list of cell names");
+    names.push_back(n.as_string()->get());
+  }
+  return names;
+}
+
 json parse_pitfall(const toml::table& t, const std::string& at) {
   json p{{"id", ""}, {"kind", ""}, {"title", ""}, {"wrong", json::array()}, {"fix", json::array()},
          {"reference", json::array()}};
@@ -76,12 +88,7 @@ json parse_pitfall(const toml::table& t, const std::string& at) {
       if (!v->is_string()) throw UsageError(where + ": expected a string");
       p[k] = v->as_string()->get();
     } else if (k == "wrong" || k == "fix" || k == "reference") {
-      const toml::array* arr = v->as_array();
-      if (!arr) throw UsageError(where + ": expected a list of cell names");
-      for (const auto& n : *arr) {
-        if (!n.is_string()) throw UsageError(where + ": expected a list of cell names");
-        p[k].push_back(n.as_string()->get());
-      }
+      p[k] = cell_names(*v, where);
     } else {
       throw UsageError(where + ": unknown key (allowed: id, kind, title, wrong, fix, reference)");
     }
@@ -145,12 +152,7 @@ json parse_frontier(const toml::node& node, const std::string& where) {
       if (!arr) throw UsageError(at + ": expected a list of models");
       for (const auto& m : *arr) f[k].push_back(validate_value("model", to_json_value(m, at)));
     } else if (k == "cells") {
-      const toml::array* arr = v->as_array();
-      if (!arr) throw UsageError(at + ": expected a list of cell names");
-      for (const auto& m : *arr) {
-        if (!m.is_string()) throw UsageError(at + ": expected a list of cell names");
-        f[k].push_back(m.as_string()->get());
-      }
+      f[k] = cell_names(*v, at);
     } else {
       throw UsageError(at + ": unknown key (allowed: budget, steps, start, limit, models, cells)");
     }

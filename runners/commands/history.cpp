@@ -76,11 +76,10 @@ std::vector<Stored> load_reports(const std::vector<std::string>& paths, int& ski
 // A cell's series: the reports it ran ok in (their index) and its values there.
 using Series = std::vector<std::pair<size_t, double>>;
 
-// A cell's change points (E-divisive means) whose segments' medians differ by at least min_effect, each
-// a regression or an improvement; counts the regressions.
-json change_points(const Series& s, const std::vector<Stored>& stored, const HistoryArgs& a, double min_effect, int& regressions) {
-  std::vector<double> x;
-  for (const auto& [i, v] : s) x.push_back(v);
+// A cell's change points (E-divisive means over its values x, in the series' order) whose segments'
+// medians differ by at least min_effect, each a regression or an improvement; counts the regressions.
+json change_points(const Series& s, const std::vector<double>& x, const std::vector<Stored>& stored, const HistoryArgs& a,
+                   double min_effect, int& regressions) {
   const auto found = e_divisive_change_points(x, a.alpha);
   std::vector<size_t> bounds{0};
   for (const auto& cp : found) bounds.push_back(cp.index);
@@ -156,7 +155,7 @@ int history_command(const HistoryArgs& a) {
     const Series& s = series[name];
     std::vector<double> x;
     for (const auto& [i, v] : s) x.push_back(v);
-    const json changes = change_points(s, stored, a, *min_effect, regressions);
+    const json changes = change_points(s, x, stored, a, *min_effect, regressions);
     cells.push_back({{"cell", name}, {"reports", x.size()}, {"first", x.front()}, {"latest", x.back()}, {"values", x}, {"change_points", changes}});
   }
   const json result = {{"schema", "trainscope.history/1"}, {"metric", a.metric}, {"reports", stored.size()}, {"skipped", skipped},
